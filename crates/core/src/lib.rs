@@ -1,0 +1,17 @@
+//! tally-core: the `/v1/score` contract and everything that can be decided without a model.
+//!
+//! - [`request`] / [`response`]: SGLang-compatible JSON types.
+//! - [`validate`]: checks a request against a model's limits, with typed errors.
+//! - [`plan`]: splits the items of a request into forward passes under a memory budget.
+//!
+//! No GPU or ML dependencies: this crate also builds for wasm32.
+
+pub mod plan;
+pub mod request;
+pub mod response;
+pub mod validate;
+
+pub use plan::{plan_passes, PassBudget};
+pub use request::{Items, Query, ScoreRequest};
+pub use response::{ScoreResponse, Usage};
+pub use validate::{ModelLimits, RequestInput, ScoreInput, ValidationError};
