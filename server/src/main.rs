@@ -1,1 +1,24 @@
-fn main(){}
+//! `tally`: the command-line entry point. Parses arguments, picks a backend, and reports
+//! errors as one readable line on stderr with a non-zero exit status.
+
+mod backend;
+mod cli;
+mod score;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let result = match cli.command {
+        cli::Command::Score(args) => score::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! Qwen3 for scoring: a shared-prefix forward and a multi-item extend that returns only the
+//! final hidden state at the last token of each item. No KV cache beyond the prefix, no
+//! sampling, no per-token logits.
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{activation::silu, backend::Backend, Int, Tensor, TensorData};
+
+use crate::attention::{multi_item_attention, PrefixKv};
+use crate::config::{ConfigError, Qwen3Config};
+use crate::weights::{Checkpoint, WeightsError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {source}")]
+    Config { path: PathBuf, source: ConfigError },
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+}
+
+/// Vocabulary rows per chunk of the full-vocabulary log-sum-exp: `[items, chunk]` logits at a time.
+const VOCAB_CHUNK: usize = 16_384;
+
+pub struct Qwen3<B: Backend> {
+    config: Qwen3Config,
+    /// `[vocab, hidden]`; also the LM head when embeddings are tied.
+    embed_tokens: Tensor<B, 2>,
+    layers: Vec<DecoderLayer<B>>,
+    final_norm: Tensor<B, 1>,
+    /// `[vocab, hidden]`, `None` when tied to `embed_tokens`.
+    lm_head: Option<Tensor<B, 2>>,
+}
+
+struct DecoderLayer<B: Backend> {
+    input_norm: Tensor<B, 1>,
+    /// q, k and v projections fused: `[hidden, (q_heads + 2·kv_heads)·head_dim]`.
+    qkv_proj: Tensor<B, 2>,
+    q_norm: Tensor<B, 1>,
+    k_norm: Tensor<B, 1>,
+    o_proj: Tensor<B, 2>,
+    post_attention_norm: Tensor<B, 1>,
+    /// gate and up projections fused: `[hidden, 2·intermediate]`.
+    gate_up_proj: Tensor<B, 2>,
+    down_proj: Tensor<B, 2>,
+}
+
+/// The query's K/V for every layer, computed once and shared by all items of a request.
+#[derive(Clone, Debug)]
+pub struct PrefixCache<B: Backend> {
+    layers: Vec<PrefixKv<B>>,
+    len: usize,
+}
+
+impl<B: Backend> PrefixCache<B> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<B: Backend> Qwen3<B> {
+    /// Loads a HF-layout directory: `config.json` plus `model.safetensors` or a sharded index.
+    pub fn load(dir: &Path, device: &B::Device) -> Result<Self, LoadError> {
+        let config_path = dir.join("config.json");
+        let json = std::fs::read_to_string(&config_path).map_err(|source| LoadError::Io { path: config_path.clone(), source })?;
+        let config = Qwen3Config::from_json(&json).map_err(|source| LoadError::Config { path: config_path, source })?;
+        let checkpoint = Checkpoint::open(dir)?;
+        Self::from_checkpoint(config, &checkpoint, device)
+    }
+
+    fn from_checkpoint(config: Qwen3Config, ckpt: &Checkpoint, device: &B::Device) -> Result<Self, LoadError> {
+        let c = &config;
+        let (hidden, head_dim) = (c.hidden_size, c.head_dim);
+        let vector = |name: &str, len: usize| -> Result<Tensor<B, 1>, WeightsError> {
+            Ok(Tensor::from_data(TensorData::new(ckpt.read(name, &[len])?, [len]), device))
+        };
+        let matrix = |name: &str, rows: usize, cols: usize| -> Result<Tensor<B, 2>, WeightsError> {
+            Ok(Tensor::from_data(TensorData::new(ckpt.read(name, &[rows, cols])?, [rows, cols]), device))
+        };
+        // HF stores Linear weights as [out, in]; tally multiplies `x · W` with W as [in, out].
+        let linear = |names: &[(&str, usize)], inputs: usize| -> Result<Tensor<B, 2>, WeightsError> {
+            let mut stacked = Vec::new();
+            for &(name, outputs) in names {
+                stacked.extend(ckpt.read(name, &[outputs, inputs])?);
+            }
+            let outputs: usize = names.iter().map(|(_, rows)| rows).sum();
+            Ok(Tensor::from_data(TensorData::new(transpose(&stacked, outputs, inputs), [inputs, outputs]), device))
+        };
+
+        let q_width = c.num_attention_heads * head_dim;
+        let kv_width = c.num_key_value_heads * head_dim;
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}.");
+                Ok(DecoderLayer {
+                    input_norm: vector(&format!("{p}input_layernorm.weight"), hidden)?,
+                    qkv_proj: linear(
+                        &[
+                            (&format!("{p}self_attn.q_proj.weight"), q_width),
+                            (&format!("{p}self_attn.k_proj.weight"), kv_width),
+                            (&format!("{p}self_attn.v_proj.weight"), kv_width),
+                        ],
+                        hidden,
+                    )?,
+                    q_norm: vector(&format!("{p}self_attn.q_norm.weight"), head_dim)?,
+                    k_norm: vector(&format!("{p}self_attn.k_norm.weight"), head_dim)?,
+                    o_proj: linear(&[(&format!("{p}self_attn.o_proj.weight"), hidden)], q_width)?,
+                    post_attention_norm: vector(&format!("{p}post_attention_layernorm.weight"), hidden)?,
+                    gate_up_proj: linear(
+                        &[
+                            (&format!("{p}mlp.gate_proj.weight"), c.intermediate_size),
+                            (&format!("{p}mlp.up_proj.weight"), c.intermediate_size),
+                        ],
+                        hidden,
+                    )?,
+                    down_proj: linear(&[(&format!("{p}mlp.down_proj.weight"), hidden)], c.intermediate_size)?,
+                })
+            })
+            .collect::<Result<Vec<_>, WeightsError>>()?;
+
+        // Some checkpoints ship `lm_head.weight` even when tied; the config decides.
+        let lm_head = if c.tie_word_embeddings { None } else { Some(matrix("lm_head.weight", c.vocab_size, hidden)?) };
+        Ok(Qwen3 {
+            embed_tokens: matrix("model.embed_tokens.weight", c.vocab_size, hidden)?,
+            final_norm: vector("model.norm.weight", hidden)?,
+            layers,
+            lm_head,
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &Qwen3Config {
+        &self.config
+    }
+
+    pub fn device(&self) -> B::Device {
+        self.embed_tokens.device()
+    }
+
+    /// A prefix of length zero: items then attend only to themselves (used for `item_first`).
+    pub fn empty_prefix(&self) -> PrefixCache<B> {
+        let device = self.device();
+        let empty = Tensor::<B, 3>::zeros([self.config.num_key_value_heads, 0, self.config.head_dim], &device);
+        let layer = PrefixKv { keys: empty.clone(), values: empty };
+        PrefixCache { layers: vec![layer; self.config.num_hidden_layers], len: 0 }
+    }
+
+    /// Runs the query through every layer once and keeps its K/V.
+    pub fn prefill(&self, tokens: &[u32]) -> PrefixCache<B> {
+        let mut layers = Vec::with_capacity(self.layers.len());
+        self.forward(tokens, 1, tokens.len(), None, Some(&mut layers));
+        PrefixCache { layers, len: tokens.len() }
+    }
+
+    /// Final-normed hidden state at the last token of each item, `[items, hidden]`. Item token `k`
+    /// sits at position `prefix.len() + k` and sees the prefix and its own item only.
+    pub fn last_hidden(&self, prefix: &PrefixCache<B>, items: &[&[u32]]) -> Tensor<B, 2> {
+        let len = items.iter().map(|item| item.len()).max().unwrap_or(0);
+        // Padded with token 0; padding rows are never read and padding keys are causally hidden.
+        let grid: Vec<u32> = items.iter().flat_map(|item| item.iter().copied().chain(std::iter::repeat(0)).take(len)).collect();
+        let hidden = self.forward(&grid, items.len(), len, Some(prefix), None);
+        let last_rows: Vec<i64> = items.iter().enumerate().map(|(n, item)| (n * len + item.len() - 1) as i64).collect();
+        let last_rows = Tensor::<B, 1, Int>::from_data(TensorData::new(last_rows, [items.len()]), &self.device());
+        rms_norm(hidden.select(0, last_rows), &self.final_norm, self.config.rms_norm_eps)
+    }
+
+    /// Logits of the given labels only, `[items, labels]`.
+    pub fn label_logits(&self, hidden: Tensor<B, 2>, labels: &[u32]) -> Tensor<B, 2> {
+        let labels: Vec<i64> = labels.iter().map(|&id| id as i64).collect();
+        let labels = Tensor::<B, 1, Int>::from_data(TensorData::new(labels.clone(), [labels.len()]), &self.device());
+        hidden.matmul(self.head().select(0, labels).transpose())
+    }
+
+    /// `log Σ_v exp(logit_v)` over the full vocabulary, `[items]`, streamed over vocabulary
+    /// chunks so `[items, vocab]` never exists at once.
+    pub fn log_normalizer(&self, hidden: Tensor<B, 2>) -> Tensor<B, 1> {
+        let items = hidden.dims()[0];
+        let mut running: Option<(Tensor<B, 2>, Tensor<B, 2>)> = None; // (max, Σ exp(logit − max))
+        for start in (0..self.config.vocab_size).step_by(VOCAB_CHUNK) {
+            let chunk = VOCAB_CHUNK.min(self.config.vocab_size - start);
+            let logits = hidden.clone().matmul(self.head().narrow(0, start, chunk).transpose());
+            let chunk_max = logits.clone().max_dim(1);
+            running = Some(match running {
+                None => (chunk_max.clone(), (logits - chunk_max).exp().sum_dim(1)),
+                Some((max, sum)) => {
+                    let new_max = max.clone().max_pair(chunk_max);
+                    let sum = sum * (max - new_max.clone()).exp() + (logits - new_max.clone()).exp().sum_dim(1);
+                    (new_max, sum)
+                }
+            });
+        }
+        let (max, sum) = running.expect("vocab_size > 0");
+        (max + sum.log()).reshape([items])
+    }
+
+    fn head(&self) -> Tensor<B, 2> {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens).clone()
+    }
+
+    /// Runs `items × len` tokens (row-major grid) through all layers; returns `[items·len, hidden]`.
+    /// Position of grid column `k` is `prefix.len() + k`. With `keep_kv`, the (single) sequence's
+    /// K/V per layer is pushed there, in prefix layout.
+    fn forward(
+        &self,
+        grid: &[u32],
+        items: usize,
+        len: usize,
+        prefix: Option<&PrefixCache<B>>,
+        mut keep_kv: Option<&mut Vec<PrefixKv<B>>>,
+    ) -> Tensor<B, 2> {
+        let c = &self.config;
+        let device = self.device();
+        let ids: Vec<i64> = grid.iter().map(|&id| id as i64).collect();
+        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [grid.len()]), &device);
+        let mut x = self.embed_tokens.clone().select(0, ids);
+        let rope = Rope::new(prefix.map_or(0, PrefixCache::len), len, c.head_dim, c.rope_theta, &device);
+        let (q_width, kv_width) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+
+        for (index, layer) in self.layers.iter().enumerate() {
+            let h = rms_norm(x.clone(), &layer.input_norm, c.rms_norm_eps);
+            let qkv = h.matmul(layer.qkv_proj.clone());
+            let heads = |t: Tensor<B, 2>, n: usize| t.reshape([items, len, n, c.head_dim]);
+            let q = heads(qkv.clone().narrow(1, 0, q_width), c.num_attention_heads);
+            let k = heads(qkv.clone().narrow(1, q_width, kv_width), c.num_key_value_heads);
+            let v = heads(qkv.narrow(1, q_width + kv_width, kv_width), c.num_key_value_heads);
+            let q = rope.apply(rms_norm(q, &layer.q_norm, c.rms_norm_eps));
+            let k = rope.apply(rms_norm(k, &layer.k_norm, c.rms_norm_eps));
+            if let Some(kept) = keep_kv.as_deref_mut() {
+                let prefix_layout = |t: Tensor<B, 4>| t.reshape([len, c.num_key_value_heads, c.head_dim]).swap_dims(0, 1);
+                kept.push(PrefixKv { keys: prefix_layout(k.clone()), values: prefix_layout(v.clone()) });
+            }
+            let attended = multi_item_attention(q, k, v, prefix.map(|p| &p.layers[index]));
+            x = x + attended.reshape([items * len, q_width]).matmul(layer.o_proj.clone());
+
+            let h = rms_norm(x.clone(), &layer.post_attention_norm, c.rms_norm_eps);
+            let gate_up = h.matmul(layer.gate_up_proj.clone());
+            let gate = gate_up.clone().narrow(1, 0, c.intermediate_size);
+            let up = gate_up.narrow(1, c.intermediate_size, c.intermediate_size);
+            x = x + (silu(gate) * up).matmul(layer.down_proj.clone());
+        }
+        x
+    }
+}
+
+/// Rotary embedding in HF's rotate-half layout for the positions `start..start + len`,
+/// as `[1, len, 1, head_dim]` tables broadcast over items and heads.
+struct Rope<B: Backend> {
+    cos: Tensor<B, 4>,
+    sin: Tensor<B, 4>,
+}
+
+impl<B: Backend> Rope<B> {
+    fn new(start: usize, len: usize, head_dim: usize, theta: f64, device: &B::Device) -> Self {
+        let half = head_dim / 2;
+        let mut cos = Vec::with_capacity(len * head_dim);
+        let mut sin = Vec::with_capacity(len * head_dim);
+        for position in start..start + len {
+            // Angles in f64: at positions in the thousands, f32 angles lose the low frequencies' digits.
+            let angles: Vec<f64> = (0..half).map(|i| position as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64)).collect();
+            for _ in 0..2 {
+                cos.extend(angles.iter().map(|a| a.cos() as f32));
+                sin.extend(angles.iter().map(|a| a.sin() as f32));
+            }
+        }
+        let table = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, [1, len, 1, head_dim]), device);
+        Rope { cos: table(cos), sin: table(sin) }
+    }
+
+    /// `x·cos + rotate_half(x)·sin` for `x: [items, len, heads, head_dim]`.
+    fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let half = x.dims()[3] / 2;
+        let rotated = Tensor::cat(vec![x.clone().narrow(3, half, half).neg(), x.clone().narrow(3, 0, half)], 3);
+        x * self.cos.clone() + rotated * self.sin.clone()
+    }
+}
+
+/// RMSNorm over the last dimension with a learned gain.
+fn rms_norm<B: Backend, const D: usize>(x: Tensor<B, D>, gain: &Tensor<B, 1>, eps: f64) -> Tensor<B, D> {
+    let rms = (x.clone().powi_scalar(2).mean_dim(D - 1) + eps).sqrt();
+    x / rms * gain.clone().unsqueeze::<D>()
+}
+
+fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; values.len()];
+    for (r, row) in values.chunks_exact(cols).enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            out[c * rows + r] = v;
+        }
+    }
+    out
+}

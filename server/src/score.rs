@@ -1,0 +1,84 @@
+//! `tally score`: a /v1/score request file in, the exact response JSON out; or a readable table
+//! for text given on the command line.
+
+use std::io::Read;
+
+use anyhow::{bail, Context, Result};
+use burn::tensor::backend::Backend;
+use tally_core::{Items, PassBudget, Query, ScoreRequest};
+use tally_engine::{Scorer, ScorerOptions};
+
+use crate::backend::{dispatch, WithBackend};
+use crate::cli::ScoreArgs;
+
+pub fn run(args: ScoreArgs) -> Result<()> {
+    let backend = args.backend;
+    print!("{}", dispatch(backend, args)?);
+    Ok(())
+}
+
+impl WithBackend for ScoreArgs {
+    type Output = String;
+
+    fn run<B: Backend>(self, device: B::Device) -> Result<String> {
+        let options = ScorerOptions { pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() } };
+        let scorer = Scorer::<B>::load(&self.model, &device, options).with_context(|| format!("cannot load model {}", self.model.display()))?;
+        match &self.request {
+            Some(path) => {
+                let request = read_request(path)?;
+                let response = scorer.score(&request)?;
+                Ok(serde_json::to_string(&response)? + "\n")
+            }
+            None => table(&scorer, &self),
+        }
+    }
+}
+
+fn read_request(path: &std::path::Path) -> Result<ScoreRequest> {
+    let text = if path.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).context("cannot read the request from stdin")?;
+        text
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("cannot read request {}", path.display()))?
+    };
+    serde_json::from_str(&text).context("invalid request")
+}
+
+fn table<B: Backend>(scorer: &Scorer<B>, args: &ScoreArgs) -> Result<String> {
+    let Some(tokenizer) = scorer.tokenizer() else {
+        bail!("{} has no tokenizer.json: text scoring needs one (use --request with token ids)", args.model.display());
+    };
+    let mut label_ids = Vec::with_capacity(args.labels.len());
+    for label in &args.labels {
+        match tokenizer.encode(label)?.as_slice() {
+            [id] => label_ids.push(*id),
+            ids => bail!("label {label:?} is {} tokens ({ids:?}); a label must be exactly one token", ids.len()),
+        }
+    }
+    let request = ScoreRequest {
+        query: Query::Text(args.query.clone().unwrap_or_default()),
+        items: Items::Texts(args.items.clone()),
+        label_token_ids: label_ids,
+        apply_softmax: args.apply_softmax,
+        item_first: args.item_first,
+        model: None,
+    };
+    let response = scorer.score(&request)?;
+
+    let item_width = args.items.iter().map(|item| item.chars().count()).max().unwrap_or(0).clamp(4, 48);
+    let mut out = format!("{:<item_width$}", "item");
+    for label in &args.labels {
+        out += &format!("  {:>12}", format!("P({label})"));
+    }
+    out.push('\n');
+    for (item, scores) in args.items.iter().zip(&response.scores) {
+        let shown: String = if item.chars().count() > item_width { item.chars().take(item_width - 1).chain(['…']).collect() } else { item.clone() };
+        out += &format!("{shown:<item_width$}");
+        for score in scores {
+            out += &format!("  {score:>12.6}");
+        }
+        out.push('\n');
+    }
+    Ok(out)
+}
