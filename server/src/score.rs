@@ -22,13 +22,11 @@ impl WithBackend for ScoreArgs {
 
     fn run<B: Backend>(self, device: B::Device) -> Result<String> {
         let options = ScorerOptions { pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() } };
+        // A malformed request fails before a possibly large model is loaded.
+        let request = self.request.as_deref().map(read_request).transpose()?;
         let scorer = Scorer::<B>::load(&self.model, &device, options).with_context(|| format!("cannot load model {}", self.model.display()))?;
-        match &self.request {
-            Some(path) => {
-                let request = read_request(path)?;
-                let response = scorer.score(&request)?;
-                Ok(serde_json::to_string(&response)? + "\n")
-            }
+        match request {
+            Some(request) => Ok(serde_json::to_string(&scorer.score(&request)?)? + "\n"),
             None => table(&scorer, &self),
         }
     }
