@@ -38,12 +38,9 @@ pub fn dispatch<T: WithBackend>(kind: BackendKind, job: T) -> Result<T::Output> 
         #[cfg(feature = "ndarray")]
         BackendKind::Cpu => job.run::<burn::backend::NdArray<f32>>(Default::default()),
         #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu => job.run::<burn::backend::Wgpu>(Default::default()),
+        BackendKind::Wgpu => on_gpu(kind, || job.run::<burn::backend::Wgpu>(Default::default())),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => {
-            ensure_cuda_driver()?;
-            job.run::<burn::backend::Cuda>(Default::default())
-        }
+        BackendKind::Cuda => on_gpu(kind, || job.run::<burn::backend::Cuda>(Default::default())),
         #[allow(unreachable_patterns)]
         other => anyhow::bail!(
             "this tally was built without the {other:?} backend; rebuild with `--features {}`",
@@ -56,11 +53,22 @@ pub fn dispatch<T: WithBackend>(kind: BackendKind, job: T) -> Result<T::Output> 
     }
 }
 
-/// cudarc panics at the first operation when the driver library is missing; check up front.
-#[cfg(feature = "cuda")]
-fn ensure_cuda_driver() -> Result<()> {
-    // SAFETY: loading the system CUDA driver runs only its initialisers, as cudarc itself would.
-    let found = ["libcuda.so.1", "libcuda.so", "nvcuda.dll"].iter().any(|name| unsafe { libloading::Library::new(name) }.is_ok());
-    anyhow::ensure!(found, "no CUDA driver (libcuda) on this machine: use --backend cpu or --backend wgpu");
-    Ok(())
+/// GPU runtimes panic when no device or driver is present (cubecl-wgpu without an adapter,
+/// cudarc without libcuda), sometimes on a runtime thread. Turn that into an error that says so.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn on_gpu<R>(kind: BackendKind, job: impl FnOnce() -> Result<R>) -> Result<R> {
+    use std::sync::{Arc, Mutex};
+
+    let first_panic = Arc::new(Mutex::new(None::<String>));
+    let recorder = Arc::clone(&first_panic);
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info.payload().downcast_ref::<String>().cloned().or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()));
+        recorder.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(message.unwrap_or_else(|| info.to_string()));
+    }));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+    let _ = std::panic::take_hook();
+    outcome.unwrap_or_else(|_| {
+        let reason = first_panic.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
+        anyhow::bail!("the {kind:?} backend failed to start or run (is a GPU and its driver available? try --backend cpu): {reason}")
+    })
 }

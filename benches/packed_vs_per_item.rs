@@ -1,0 +1,84 @@
+//! Packed multi-item scoring vs one run per item, on the CPU backend.
+//!
+//! Packed: the query runs once, then all items in one extend pass. Per item: every item is its
+//! own request, so the query is recomputed for each — what an engine without multi-item
+//! scoring does. Same binary, same model, same run; the result is the ratio of the two.
+//!
+//! `cargo bench -p tally-engine --bench packed_vs_per_item [-- QUERY_TOKENS ITEMS ITEM_TOKENS]`
+//! writes `benches/results/packed_vs_per_item-cpu.json`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn::backend::NdArray;
+use tally_core::ScoreInput;
+use tally_engine::{Scorer, ScorerOptions};
+
+fn median_seconds(runs: usize, mut f: impl FnMut()) -> f64 {
+    f(); // warm-up
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[runs / 2]
+}
+
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| info.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned()))
+        .unwrap_or_else(|| "unknown CPU".to_owned())
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let (query_tokens, items, item_tokens) = match args[..] {
+        [q, n, l] => (q, n, l),
+        _ => (1000, 100, 10),
+    };
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model_name = "tied-gqa";
+    let scorer = Scorer::<NdArray<f32>>::load(&root.join("tests/fixtures/models").join(model_name), &Default::default(), ScorerOptions::default())
+        .expect("fixture model loads");
+    let vocab = scorer.limits().vocab_size as i64;
+    let ids = |n: usize, seed: usize| -> Vec<i64> { (0..n).map(|i| ((i * 7919 + seed * 104_729) as i64) % vocab).collect() };
+    let query = ids(query_tokens, 0);
+    let item_ids: Vec<Vec<i64>> = (1..=items).map(|s| ids(item_tokens, s)).collect();
+    let input = |items: &[Vec<i64>]| ScoreInput::new(&query, items, &[1, 2], false, false, scorer.limits()).expect("valid input");
+
+    let packed_input = input(&item_ids);
+    let per_item_inputs: Vec<ScoreInput> = item_ids.iter().map(|item| input(std::slice::from_ref(item))).collect();
+    let packed = median_seconds(5, || {
+        scorer.score_input(&packed_input).unwrap();
+    });
+    let per_item = median_seconds(3, || {
+        for single in &per_item_inputs {
+            scorer.score_input(single).unwrap();
+        }
+    });
+
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let result = serde_json::json!({
+        "benchmark": "packed_vs_per_item",
+        "machine": format!("{} ({threads} threads)", cpu_name()),
+        "backend": "ndarray (CPU)",
+        "model": model_name,
+        "query_tokens": query_tokens,
+        "items": items,
+        "item_tokens": item_tokens,
+        "packed_seconds": packed,
+        "per_item_seconds": per_item,
+        "packed_items_per_second": items as f64 / packed,
+        "per_item_items_per_second": items as f64 / per_item,
+        "speedup_packed_over_per_item": per_item / packed,
+    });
+    println!("{}", serde_json::to_string_pretty(&result).unwrap());
+    let out = root.join("benches/results/packed_vs_per_item-cpu.json");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    std::fs::write(&out, serde_json::to_string_pretty(&result).unwrap() + "\n").unwrap();
+    eprintln!("wrote {}", out.display());
+}
