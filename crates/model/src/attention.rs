@@ -22,7 +22,7 @@ pub fn multi_item_attention<B: Backend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     values: Tensor<B, 4>,
-    prefix: Option<&PrefixKv<B>>,
+    prefix: &PrefixKv<B>,
 ) -> Tensor<B, 3> {
     let [items, len, q_heads, head_dim] = queries.dims();
     let kv_heads = keys.dims()[2];
@@ -41,11 +41,11 @@ pub fn multi_item_attention<B: Backend>(
     let own_scores = own_queries.matmul(own_keys.swap_dims(2, 3)) + causal_bias::<B>(len, group, &device).unsqueeze::<4>();
     let own_max = own_scores.clone().max_dim(3); // [N, kv, rows, 1]
 
-    let Some(prefix) = prefix.filter(|p| p.keys.dims()[1] > 0) else {
+    if prefix.keys.dims()[1] == 0 {
         let weights = (own_scores - own_max).exp();
         let norm = weights.clone().sum_dim(3);
         return merge_heads(weights.matmul(own_values) / norm, items, len, q_heads * head_dim, group);
-    };
+    }
 
     // Prefix part, laid out [kv, N·rows, P] so that one batched matmul per KV head covers all items.
     let prefix_queries = queries.swap_dims(0, 1).reshape([kv_heads, items * rows, head_dim]);

@@ -20,6 +20,9 @@ pub enum LoadError {
     Weights(#[from] WeightsError),
 }
 
+/// Query tokens per prefill chunk.
+const PREFILL_CHUNK: usize = 512;
+
 /// Vocabulary rows per chunk of the full-vocabulary log-sum-exp: `[items, chunk]` logits at a time.
 const VOCAB_CHUNK: usize = 16_384;
 
@@ -60,6 +63,20 @@ impl<B: Backend> PrefixCache<B> {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// This prefix followed by `len` more tokens whose per-layer K/V is `next`.
+    fn extended(self, next: Vec<PrefixKv<B>>, len: usize) -> Self {
+        let layers = self
+            .layers
+            .into_iter()
+            .zip(next)
+            .map(|(old, new)| PrefixKv {
+                keys: Tensor::cat(vec![old.keys, new.keys], 1),
+                values: Tensor::cat(vec![old.values, new.values], 1),
+            })
+            .collect();
+        PrefixCache { layers, len: self.len + len }
     }
 }
 
@@ -150,11 +167,17 @@ impl<B: Backend> Qwen3<B> {
         PrefixCache { layers: vec![layer; self.config.num_hidden_layers], len: 0 }
     }
 
-    /// Runs the query through every layer once and keeps its K/V.
+    /// Runs the query through every layer once and keeps its K/V. The query goes in chunks, each
+    /// attending to the K/V of the chunks before it (a one-item pass over that prefix), so
+    /// attention memory grows with `chunk × query`, not `query²`.
     pub fn prefill(&self, tokens: &[u32]) -> PrefixCache<B> {
-        let mut layers = Vec::with_capacity(self.layers.len());
-        self.forward(tokens, 1, tokens.len(), None, Some(&mut layers));
-        PrefixCache { layers, len: tokens.len() }
+        let mut cache = self.empty_prefix();
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            let mut chunk_kv = Vec::with_capacity(self.layers.len());
+            self.forward(chunk, 1, chunk.len(), &cache, Some(&mut chunk_kv));
+            cache = cache.extended(chunk_kv, chunk.len());
+        }
+        cache
     }
 
     /// Final-normed hidden state at the last token of each item, `[items, hidden]`. Item token `k`
@@ -163,7 +186,7 @@ impl<B: Backend> Qwen3<B> {
         let len = items.iter().map(|item| item.len()).max().unwrap_or(0);
         // Padded with token 0; padding rows are never read and padding keys are causally hidden.
         let grid: Vec<u32> = items.iter().flat_map(|item| item.iter().copied().chain(std::iter::repeat(0)).take(len)).collect();
-        let hidden = self.forward(&grid, items.len(), len, Some(prefix), None);
+        let hidden = self.forward(&grid, items.len(), len, prefix, None);
         let last_rows: Vec<i64> = items.iter().enumerate().map(|(n, item)| (n * len + item.len() - 1) as i64).collect();
         let last_rows = Tensor::<B, 1, Int>::from_data(TensorData::new(last_rows, [items.len()]), &self.device());
         rms_norm(hidden.select(0, last_rows), &self.final_norm, self.config.rms_norm_eps)
@@ -210,7 +233,7 @@ impl<B: Backend> Qwen3<B> {
         grid: &[u32],
         items: usize,
         len: usize,
-        prefix: Option<&PrefixCache<B>>,
+        prefix: &PrefixCache<B>,
         mut keep_kv: Option<&mut Vec<PrefixKv<B>>>,
     ) -> Tensor<B, 2> {
         let c = &self.config;
@@ -218,7 +241,7 @@ impl<B: Backend> Qwen3<B> {
         let ids: Vec<i64> = grid.iter().map(|&id| id as i64).collect();
         let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [grid.len()]), &device);
         let mut x = self.embed_tokens.clone().select(0, ids);
-        let rope = Rope::new(prefix.map_or(0, PrefixCache::len), len, c.head_dim, c.rope_theta, &device);
+        let rope = Rope::new(prefix.len(), len, c.head_dim, c.rope_theta, &device);
         let (q_width, kv_width) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
 
         for (index, layer) in self.layers.iter().enumerate() {
@@ -234,7 +257,7 @@ impl<B: Backend> Qwen3<B> {
                 let prefix_layout = |t: Tensor<B, 4>| t.reshape([len, c.num_key_value_heads, c.head_dim]).swap_dims(0, 1);
                 kept.push(PrefixKv { keys: prefix_layout(k.clone()), values: prefix_layout(v.clone()) });
             }
-            let attended = multi_item_attention(q, k, v, prefix.map(|p| &p.layers[index]));
+            let attended = multi_item_attention(q, k, v, &prefix.layers[index]);
             x = x + attended.reshape([items * len, q_width]).matmul(layer.o_proj.clone());
 
             let h = rms_norm(x.clone(), &layer.post_attention_norm, c.rms_norm_eps);
