@@ -42,7 +42,7 @@ fn main() {
     };
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let model_name = "tied-gqa";
-    let scorer = Scorer::<NdArray<f32>>::load(&root.join("tests/fixtures/models").join(model_name), &Default::default(), ScorerOptions::default())
+    let mut scorer = Scorer::<NdArray<f32>>::load(&root.join("tests/fixtures/models").join(model_name), &Default::default(), ScorerOptions::default())
         .expect("fixture model loads");
     let vocab = scorer.limits().vocab_size as i64;
     let ids = |n: usize, seed: usize| -> Vec<i64> { (0..n).map(|i| ((i * 7919 + seed * 104_729) as i64) % vocab).collect() };
@@ -53,11 +53,11 @@ fn main() {
     let packed_input = input(&item_ids);
     let per_item_inputs: Vec<ScoreInput> = item_ids.iter().map(|item| input(std::slice::from_ref(item))).collect();
     let packed = median_seconds(5, || {
-        scorer.score_input(&packed_input).unwrap();
+        scorer.score_batch(&[&packed_input]).unwrap();
     });
     let per_item = median_seconds(3, || {
         for single in &per_item_inputs {
-            scorer.score_input(single).unwrap();
+            scorer.score_batch(&[single]).unwrap();
         }
     });
 

@@ -21,13 +21,13 @@ impl WithBackend for ScoreArgs {
     type Output = String;
 
     fn run<B: Backend>(self, device: B::Device) -> Result<String> {
-        let options = ScorerOptions { pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() } };
+        let options = ScorerOptions { pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() }, prefix_cache_bytes: 0 };
         // A malformed request fails before a possibly large model is loaded.
         let request = self.request.as_deref().map(read_request).transpose()?;
-        let scorer = Scorer::<B>::load(&self.model, &device, options).with_context(|| format!("cannot load model {}", self.model.display()))?;
+        let mut scorer = Scorer::<B>::load(&self.model, &device, options).with_context(|| format!("cannot load model {}", self.model.display()))?;
         match request {
             Some(request) => Ok(serde_json::to_string(&scorer.score(&request)?)? + "\n"),
-            None => table(&scorer, &self),
+            None => table(&mut scorer, &self),
         }
     }
 }
@@ -43,7 +43,7 @@ fn read_request(path: &std::path::Path) -> Result<ScoreRequest> {
     serde_json::from_str(&text).context("invalid request")
 }
 
-fn table<B: Backend>(scorer: &Scorer<B>, args: &ScoreArgs) -> Result<String> {
+fn table<B: Backend>(scorer: &mut Scorer<B>, args: &ScoreArgs) -> Result<String> {
     let Some(tokenizer) = scorer.tokenizer() else {
         bail!("{} has no tokenizer.json: text scoring needs one (use --request with token ids)", args.model.display());
     };

@@ -11,7 +11,7 @@ pub mod request;
 pub mod response;
 pub mod validate;
 
-pub use plan::{plan_passes, PassBudget};
+pub use plan::{plan_passes, ItemShape, PassBudget};
 pub use request::{Items, Query, ScoreRequest};
 pub use response::{ScoreResponse, Usage};
 pub use validate::{ModelLimits, RequestInput, ScoreInput, ValidationError};

@@ -1,8 +1,8 @@
-//! Splits a request's items into forward passes that share the query's K/V.
+//! Splits items (of one request or of several batched together) into forward passes.
 //!
 //! A pass pads its items to its longest one, so items are grouped by length; each pass stays
-//! under a token budget and an attention budget (the score cells of item rows against the
-//! query and their own item), which bound activation memory whatever the request's size.
+//! under a token budget and an attention budget (the score cells of item rows against their
+//! prefix and their own item), which bound activation memory whatever the requests' sizes.
 
 /// Upper bounds for one items pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,22 +19,32 @@ impl Default for PassBudget {
     }
 }
 
+/// One item to schedule: its own length and the length of the prefix it attends to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemShape {
+    pub prefix_len: usize,
+    pub len: usize,
+}
+
 /// Groups item indices into passes. Every item lands in exactly one pass; an item too large for
 /// the budget on its own still gets a pass of its own.
-pub fn plan_passes(prefix_len: usize, item_lens: &[usize], budget: PassBudget) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..item_lens.len()).collect();
-    order.sort_by_key(|&i| item_lens[i]);
+pub fn plan_passes(items: &[ItemShape], budget: PassBudget) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| items[i].len);
     let mut passes: Vec<Vec<usize>> = Vec::new();
     let mut current: Vec<usize> = Vec::new();
+    let mut prefix_sum = 0;
     for index in order {
         // Items come sorted by length, so this item sets the padded length of the pass.
-        let padded = item_lens[index];
-        let rows = (current.len() + 1) * padded;
-        let fits = rows <= budget.max_tokens && rows * (prefix_len + padded) <= budget.max_attention_cells;
-        if !fits && !current.is_empty() {
+        let padded = items[index].len;
+        let count = current.len() + 1;
+        let cells = padded * (prefix_sum + items[index].prefix_len + count * padded);
+        if (count * padded > budget.max_tokens || cells > budget.max_attention_cells) && !current.is_empty() {
             passes.push(std::mem::take(&mut current));
+            prefix_sum = 0;
         }
         current.push(index);
+        prefix_sum += items[index].prefix_len;
     }
     if !current.is_empty() {
         passes.push(current);
@@ -46,24 +56,38 @@ pub fn plan_passes(prefix_len: usize, item_lens: &[usize], budget: PassBudget) -
 mod tests {
     use super::*;
 
+    fn shapes(prefix_len: usize, lens: &[usize]) -> Vec<ItemShape> {
+        lens.iter().map(|&len| ItemShape { prefix_len, len }).collect()
+    }
+
     #[test]
     fn everything_fits_in_one_pass_under_a_large_budget() {
-        assert_eq!(plan_passes(10, &[3, 1, 2], PassBudget::default()), vec![vec![1, 2, 0]]);
+        assert_eq!(plan_passes(&shapes(10, &[3, 1, 2]), PassBudget::default()), vec![vec![1, 2, 0]]);
     }
 
     #[test]
     fn splits_by_tokens_and_by_attention_cells() {
         let lens = [4, 4, 4, 4, 1];
-        let by_tokens = plan_passes(0, &lens, PassBudget { max_tokens: 8, max_attention_cells: usize::MAX });
+        let (no_prefix, long_prefix) = (shapes(0, &lens), shapes(100, &lens));
+        let by_tokens = plan_passes(&no_prefix, PassBudget { max_tokens: 8, max_attention_cells: usize::MAX });
         assert_eq!(by_tokens, vec![vec![4, 0], vec![1, 2], vec![3]]);
         // Two items padded to 4 rows cost 2 × 4 × (100 + 4) = 832 cells > 800: one item per pass.
-        let by_cells = plan_passes(100, &lens, PassBudget { max_tokens: usize::MAX, max_attention_cells: 800 });
+        let by_cells = plan_passes(&long_prefix, PassBudget { max_tokens: usize::MAX, max_attention_cells: 800 });
         assert_eq!(by_cells, vec![vec![4], vec![0], vec![1], vec![2], vec![3]]);
     }
 
     #[test]
     fn an_oversized_item_gets_its_own_pass() {
-        let passes = plan_passes(0, &[1, 50, 1], PassBudget { max_tokens: 10, max_attention_cells: usize::MAX });
+        let passes = plan_passes(&shapes(0, &[1, 50, 1]), PassBudget { max_tokens: 10, max_attention_cells: usize::MAX });
         assert_eq!(passes, vec![vec![0, 2], vec![1]]);
+    }
+
+    #[test]
+    fn attention_cost_counts_each_items_own_prefix() {
+        // Two 2-token items: 2 × (10 + 2) + 2 × (30 + 2) = 88 cells > 80, so they split.
+        let mixed = [ItemShape { prefix_len: 10, len: 2 }, ItemShape { prefix_len: 30, len: 2 }];
+        let budget = PassBudget { max_tokens: usize::MAX, max_attention_cells: 80 };
+        assert_eq!(plan_passes(&mixed, budget), vec![vec![0], vec![1]]);
+        assert_eq!(plan_passes(&mixed, PassBudget { max_attention_cells: 88, ..budget }), vec![vec![0, 1]]);
     }
 }

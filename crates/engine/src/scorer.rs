@@ -1,11 +1,17 @@
-//! The scoring pipeline over one loaded model.
+//! The scoring pipeline over one loaded model: one request, or a batch of requests whose items
+//! share forward passes.
 
+use std::borrow::Cow;
 use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
-use burn::tensor::backend::Backend;
-use tally_core::{plan_passes, ModelLimits, PassBudget, RequestInput, ScoreInput, ScoreRequest, ScoreResponse, ValidationError};
-use tally_model::{LoadError, PrefixCache, Qwen3};
+use burn::tensor::{backend::Backend, Tensor};
+use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, RequestInput, ScoreInput, ScoreRequest, ScoreResponse, ValidationError};
+use tally_model::{ItemGroup, LoadError, PrefixCache, Qwen3, PREFILL_CHUNK};
 
+use crate::prefix_cache::PrefixLru;
+use crate::stats::EngineStats;
 use crate::tokenizer::{TextTokenizer, TokenizerError};
 
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +32,8 @@ pub enum EngineError {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ScorerOptions {
     pub pass_budget: PassBudget,
+    /// Device bytes for prefilled queries kept across requests; 0 disables the cache.
+    pub prefix_cache_bytes: usize,
 }
 
 /// A model, its tokenizer and the scoring pipeline.
@@ -34,6 +42,8 @@ pub struct Scorer<B: Backend> {
     tokenizer: Option<TextTokenizer>,
     model_name: String,
     options: ScorerOptions,
+    prefix_cache: PrefixLru<B>,
+    stats: Arc<EngineStats>,
 }
 
 impl<B: Backend> Scorer<B> {
@@ -43,7 +53,14 @@ impl<B: Backend> Scorer<B> {
         let tokenizer_path = dir.join("tokenizer.json");
         let tokenizer = tokenizer_path.is_file().then(|| TextTokenizer::from_file(&tokenizer_path)).transpose()?;
         let model_name = dir.file_name().map_or_else(|| dir.display().to_string(), |name| name.to_string_lossy().into_owned());
-        Ok(Scorer { model, tokenizer, model_name, options })
+        Ok(Scorer {
+            model,
+            tokenizer,
+            model_name,
+            options,
+            prefix_cache: PrefixLru::new(options.prefix_cache_bytes),
+            stats: Arc::default(),
+        })
     }
 
     pub fn model_name(&self) -> &str {
@@ -59,10 +76,14 @@ impl<B: Backend> Scorer<B> {
         self.tokenizer.as_ref()
     }
 
-    /// Validates, tokenizes and scores a request.
-    pub fn score(&self, request: &ScoreRequest) -> Result<ScoreResponse, EngineError> {
+    pub fn stats(&self) -> Arc<EngineStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Validates, tokenizes and scores one request.
+    pub fn score(&mut self, request: &ScoreRequest) -> Result<ScoreResponse, EngineError> {
         let input = self.prepare(request)?;
-        let scores = self.score_input(&input)?;
+        let scores = self.score_batch(&[&input])?.remove(0);
         let model = request.model.clone().unwrap_or_else(|| self.model_name.clone());
         Ok(ScoreResponse::new(scores, model, input.prompt_tokens()))
     }
@@ -80,28 +101,95 @@ impl<B: Backend> Scorer<B> {
         Ok(ScoreInput::new(&query, &items, &request.label_token_ids, request.apply_softmax, request.item_first, self.limits())?)
     }
 
-    /// `scores[i][j]` for a validated input. The query runs once; items run in passes that share
-    /// its K/V. With `item_first` nothing can be shared, so each `item + query` is its own sequence.
-    pub fn score_input(&self, input: &ScoreInput) -> Result<Vec<Vec<f64>>, EngineError> {
-        let (prefix, sequences): (PrefixCache<B>, Vec<Vec<u32>>) = if input.item_first {
-            let joined = input.items.iter().map(|item| [item.as_slice(), &input.query].concat()).collect();
-            (self.model.empty_prefix(), joined)
-        } else {
-            (self.model.prefill(&input.query), input.items.clone())
-        };
-        let lens: Vec<usize> = sequences.iter().map(Vec::len).collect();
-        let mut scores = vec![Vec::new(); sequences.len()];
-        for pass in plan_passes(prefix.len(), &lens, self.options.pass_budget) {
-            let batch: Vec<&[u32]> = pass.iter().map(|&i| sequences[i].as_slice()).collect();
-            for (&index, row) in pass.iter().zip(self.label_probabilities(&prefix, &batch, input)?) {
-                scores[index] = row;
+    /// `scores[r][i][j]` for a batch of validated requests. Each query runs once (or comes from
+    /// the prefix cache); the items of all requests are planned into shared passes, in which
+    /// every item attends to its own request's query. With `item_first` nothing can be shared,
+    /// so each `item + query` is a sequence of its own with an empty prefix.
+    pub fn score_batch(&mut self, inputs: &[&ScoreInput]) -> Result<Vec<Vec<Vec<f64>>>, EngineError> {
+        let prefixes: Vec<PrefixCache<B>> =
+            inputs.iter().map(|input| if input.item_first { self.model.empty_prefix() } else { self.prefix_for(&input.query) }).collect();
+        let sequences: Vec<Vec<Cow<[u32]>>> = inputs
+            .iter()
+            .map(|input| {
+                input
+                    .items
+                    .iter()
+                    .map(|item| if input.item_first { Cow::Owned([item.as_slice(), &input.query].concat()) } else { Cow::Borrowed(item.as_slice()) })
+                    .collect()
+            })
+            .collect();
+        // (request, item) for every item of the batch.
+        let entries: Vec<(usize, usize)> = sequences.iter().enumerate().flat_map(|(r, items)| (0..items.len()).map(move |i| (r, i))).collect();
+        let shapes: Vec<ItemShape> = entries.iter().map(|&(r, i)| ItemShape { prefix_len: prefixes[r].len(), len: sequences[r][i].len() }).collect();
+
+        let mut scores: Vec<Vec<Vec<f64>>> = inputs.iter().map(|input| vec![Vec::new(); input.items.len()]).collect();
+        for mut pass in plan_passes(&shapes, self.options.pass_budget) {
+            // Items of one request must be adjacent: they form one prefix group.
+            pass.sort_by_key(|&e| entries[e].0);
+            let runs: Vec<&[usize]> = pass.chunk_by(|&a, &b| entries[a].0 == entries[b].0).collect();
+            let groups: Vec<ItemGroup<B>> = runs
+                .iter()
+                .map(|run| {
+                    let request = entries[run[0]].0;
+                    ItemGroup { prefix: &prefixes[request], items: run.iter().map(|&e| &*sequences[request][entries[e].1]).collect() }
+                })
+                .collect();
+            let hidden = self.model.last_hidden(&groups);
+            let mut row = 0;
+            for run in runs {
+                let request = entries[run[0]].0;
+                let probabilities = self.label_probabilities(hidden.clone().narrow(0, row, run.len()), inputs[request])?;
+                for (&e, item_scores) in run.iter().zip(probabilities) {
+                    scores[request][entries[e].1] = item_scores;
+                }
+                row += run.len();
             }
+            self.stats.pass_items.observe(pass.len() as f64);
         }
+        self.stats.batch_requests.observe(inputs.len() as f64);
+        self.stats.items_scored.fetch_add(entries.len() as u64, Relaxed);
+        self.stats.tokens_scored.fetch_add(inputs.iter().map(|i| i.prompt_tokens() as u64).sum(), Relaxed);
         Ok(scores)
     }
 
-    fn label_probabilities(&self, prefix: &PrefixCache<B>, batch: &[&[u32]], input: &ScoreInput) -> Result<Vec<Vec<f64>>, EngineError> {
-        let hidden = self.model.last_hidden(prefix, batch);
+    /// The query's K/V: from the cache, or prefilled (resuming from its longest cached
+    /// chunk-aligned part, so a shared system prompt is computed once across requests).
+    fn prefix_for(&mut self, query: &[u32]) -> PrefixCache<B> {
+        if !self.prefix_cache.is_enabled() {
+            return self.model.prefill(query);
+        }
+        if let Some(hit) = self.prefix_cache.get(query) {
+            self.stats.prefix_cache_hits.fetch_add(1, Relaxed);
+            return hit;
+        }
+        // Resume from the longest cached chunk-aligned part; store the longest aligned part of
+        // this query (strictly shorter than it) for the next query with the same beginning.
+        let aligned = (query.len() - 1) / PREFILL_CHUNK * PREFILL_CHUNK;
+        let cached = (1..=aligned / PREFILL_CHUNK).rev().find_map(|k| Some((k * PREFILL_CHUNK, self.prefix_cache.get(&query[..k * PREFILL_CHUNK])?)));
+        let (start, base) = match cached {
+            Some((start, base)) => {
+                self.stats.prefix_cache_partial_hits.fetch_add(1, Relaxed);
+                (start, base)
+            }
+            None => {
+                self.stats.prefix_cache_misses.fetch_add(1, Relaxed);
+                (0, self.model.empty_prefix())
+            }
+        };
+        let base = if start < aligned {
+            let base = self.model.prefill_from(base, &query[start..aligned]);
+            self.prefix_cache.insert(&query[..aligned], base.clone());
+            base
+        } else {
+            base
+        };
+        let prefix = self.model.prefill_from(base, &query[aligned..]);
+        self.prefix_cache.insert(query, prefix.clone());
+        self.stats.prefix_cache_bytes.store(self.prefix_cache.used_bytes() as u64, Relaxed);
+        prefix
+    }
+
+    fn label_probabilities(&self, hidden: Tensor<B, 2>, input: &ScoreInput) -> Result<Vec<Vec<f64>>, EngineError> {
         let labels = input.labels.len();
         let logits = to_host(self.model.label_logits(hidden.clone(), &input.labels))?;
         if input.apply_softmax {
@@ -123,7 +211,7 @@ fn softmax(logits: &[f64]) -> Vec<f64> {
     exps.into_iter().map(|e| e / sum).collect()
 }
 
-fn to_host<B: Backend, const D: usize>(tensor: burn::tensor::Tensor<B, D>) -> Result<Vec<f64>, EngineError> {
+fn to_host<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Result<Vec<f64>, EngineError> {
     let data = tensor.into_data().convert::<f32>();
     let values = data.to_vec::<f32>().map_err(|e| EngineError::Device(format!("{e:?}")))?;
     Ok(values.into_iter().map(f64::from).collect())

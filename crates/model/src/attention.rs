@@ -1,9 +1,10 @@
 //! Multi-item attention in plain Burn ops: the reference path, and the CPU path.
 //!
-//! Items of one pass are padded to a common length `L` and laid out as `[N, L]`. An item row
-//! attends to (a) every key of the shared prefix (the query) and (b) its own item's keys up to
-//! itself. The two parts are computed separately and merged with a shared softmax maximum, so
-//! no mask over prefix + all items is ever built: the only mask is the `L × L` causal one.
+//! Items of one pass are padded to a common length `L` and laid out as `[N, L]`; they come in
+//! groups, each group sharing one prefix (the query of one request). An item row attends to
+//! (a) every key of its group's prefix and (b) its own item's keys up to itself. The two parts
+//! are computed separately, each with its log-sum-exp, and merged exactly (cascade attention),
+//! so no mask over prefix + all items is ever built: the only mask is the `L × L` causal one.
 //! Padding rows produce garbage that nobody reads; padding keys sit after every real row, so
 //! the causal mask already hides them.
 
@@ -16,49 +17,99 @@ pub struct PrefixKv<B: Backend> {
     pub values: Tensor<B, 3>,
 }
 
+impl<B: Backend> PrefixKv<B> {
+    pub fn len(&self) -> usize {
+        self.keys.dims()[1]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Attention output with its per-row log-sum-exp, both item-major: `[N, kv, rows, d]`, `[N, kv, rows, 1]`.
+struct Partial<B: Backend> {
+    output: Tensor<B, 4>,
+    lse: Tensor<B, 4>,
+}
+
 /// `queries`: `[N, L, q_heads, head_dim]`; `keys`/`values`: `[N, L, kv_heads, head_dim]`.
+/// `groups`: consecutive runs of items and the prefix they share, covering all `N` items.
 /// Returns `[N, L, q_heads * head_dim]`.
 pub fn multi_item_attention<B: Backend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     values: Tensor<B, 4>,
-    prefix: &PrefixKv<B>,
+    groups: &[(&PrefixKv<B>, usize)],
 ) -> Tensor<B, 3> {
     let [items, len, q_heads, head_dim] = queries.dims();
     let kv_heads = keys.dims()[2];
     let group = q_heads / kv_heads;
-    let rows = len * group;
     let scale = (head_dim as f64).powf(-0.5);
-    let device = queries.device();
 
     // Query heads of one KV head are adjacent, so a [.., L, kv, group, d] view puts every row
     // that shares a KV head next to each other: GQA without repeating K/V.
     let queries = queries.mul_scalar(scale).reshape([items, len, kv_heads, group, head_dim]).swap_dims(1, 2); // [N, kv, L, g, d]
-    let own_queries = queries.clone().reshape([items, kv_heads, rows, head_dim]);
-    let own_keys = keys.swap_dims(1, 2); // [N, kv, L, d]
-    let own_values = values.swap_dims(1, 2);
+    let own = own_item_attention(queries.clone(), keys.swap_dims(1, 2), values.swap_dims(1, 2));
+    let output = if groups.iter().all(|(prefix, _)| prefix.is_empty()) {
+        own.output
+    } else {
+        let prefix = prefix_attention(queries, groups);
+        // Exact merge of two softmax-normalised parts by their log-sum-exps.
+        let max = own.lse.clone().max_pair(prefix.lse.clone());
+        let own_weight = (own.lse - max.clone()).exp();
+        let prefix_weight = (prefix.lse - max).exp();
+        (own.output * own_weight.clone() + prefix.output * prefix_weight.clone()) / (own_weight + prefix_weight)
+    };
+    // [N, kv, L·g, d] → [N, L, q_heads·d], heads in checkpoint order.
+    output.reshape([items, kv_heads, len, group, head_dim]).swap_dims(1, 2).reshape([items, len, q_heads * head_dim])
+}
 
-    let own_scores = own_queries.matmul(own_keys.swap_dims(2, 3)) + causal_bias::<B>(len, group, &device).unsqueeze::<4>();
-    let own_max = own_scores.clone().max_dim(3); // [N, kv, rows, 1]
+/// Each item against its own keys, causally. `queries`: `[N, kv, L, g, d]`, keys/values `[N, kv, L, d]`.
+fn own_item_attention<B: Backend>(queries: Tensor<B, 5>, keys: Tensor<B, 4>, values: Tensor<B, 4>) -> Partial<B> {
+    let [items, kv_heads, len, group, head_dim] = queries.dims();
+    let queries = queries.reshape([items, kv_heads, len * group, head_dim]);
+    let scores = queries.matmul(keys.swap_dims(2, 3)) + causal_bias::<B>(len, group, &values.device()).unsqueeze::<4>();
+    let (output, lse) = softmax_times_values(scores, values);
+    Partial { output, lse }
+}
 
-    if prefix.keys.dims()[1] == 0 {
-        let weights = (own_scores - own_max).exp();
-        let norm = weights.clone().sum_dim(3);
-        return merge_heads(weights.matmul(own_values) / norm, items, len, q_heads * head_dim, group);
+/// Each group's items against the group's prefix. Returns item-major partials for all `N`
+/// items; items whose prefix is empty get a log-sum-exp of −∞, so the merge ignores them.
+fn prefix_attention<B: Backend>(queries: Tensor<B, 5>, groups: &[(&PrefixKv<B>, usize)]) -> Partial<B> {
+    let [_, kv_heads, len, group, head_dim] = queries.dims();
+    let rows = len * group;
+    let device = queries.device();
+    let mut outputs = Vec::with_capacity(groups.len());
+    let mut lses = Vec::with_capacity(groups.len());
+    let mut first = 0;
+    for &(prefix, count) in groups {
+        if prefix.is_empty() {
+            outputs.push(Tensor::zeros([count, kv_heads, rows, head_dim], &device));
+            lses.push(Tensor::full([count, kv_heads, rows, 1], f32::NEG_INFINITY, &device));
+        } else {
+            // [kv, count·rows, d]: one batched matmul per KV head covers every item of the group.
+            let group_queries = queries.clone().narrow(0, first, count).swap_dims(0, 1).reshape([kv_heads, count * rows, head_dim]);
+            let scores = group_queries.matmul(prefix.keys.clone().swap_dims(1, 2));
+            let (output, lse) = softmax_times_values(scores, prefix.values.clone());
+            let item_major = |t: Tensor<B, 3>| {
+                let width = t.dims()[2];
+                t.reshape([kv_heads, count, rows, width]).swap_dims(0, 1)
+            };
+            outputs.push(item_major(output));
+            lses.push(item_major(lse));
+        }
+        first += count;
     }
+    Partial { output: Tensor::cat(outputs, 0), lse: Tensor::cat(lses, 0) }
+}
 
-    // Prefix part, laid out [kv, N·rows, P] so that one batched matmul per KV head covers all items.
-    let prefix_queries = queries.swap_dims(0, 1).reshape([kv_heads, items * rows, head_dim]);
-    let prefix_scores = prefix_queries.matmul(prefix.keys.clone().swap_dims(1, 2));
-    let prefix_max = to_item_major(prefix_scores.clone().max_dim(2), items, rows);
-
-    let max = own_max.max_pair(prefix_max);
-    let own_weights = (own_scores - max.clone()).exp();
-    let prefix_weights = (prefix_scores - to_head_major(max, items, rows)).exp();
-
-    let norm = own_weights.clone().sum_dim(3) + to_item_major(prefix_weights.clone().sum_dim(2), items, rows);
-    let mixed = own_weights.matmul(own_values) + to_item_major(prefix_weights.matmul(prefix.values.clone()), items, rows);
-    merge_heads(mixed / norm, items, len, q_heads * head_dim, group)
+/// Softmax of `scores` over the last dimension, times `values`; with the log-sum-exp per row.
+fn softmax_times_values<B: Backend, const D: usize>(scores: Tensor<B, D>, values: Tensor<B, D>) -> (Tensor<B, D>, Tensor<B, D>) {
+    let max = scores.clone().max_dim(D - 1);
+    let weights = (scores - max.clone()).exp();
+    let sum = weights.clone().sum_dim(D - 1);
+    (weights.matmul(values) / sum.clone(), max + sum.log())
 }
 
 /// `[L·group, L]` additive mask: row `r` (position `r / group`) sees keys `0..=r / group`.
@@ -67,22 +118,4 @@ fn causal_bias<B: Backend>(len: usize, group: usize, device: &B::Device) -> Tens
         .flat_map(|row| (0..len).map(move |key| if key <= row / group { 0.0 } else { f32::NEG_INFINITY }))
         .collect();
     Tensor::from_data(TensorData::new(bias, [len * group, len]), device)
-}
-
-/// `[kv, N·rows, x]` → `[N, kv, rows, x]`.
-fn to_item_major<B: Backend>(t: Tensor<B, 3>, items: usize, rows: usize) -> Tensor<B, 4> {
-    let [kv_heads, _, width] = t.dims();
-    t.reshape([kv_heads, items, rows, width]).swap_dims(0, 1)
-}
-
-/// `[N, kv, rows, x]` → `[kv, N·rows, x]`.
-fn to_head_major<B: Backend>(t: Tensor<B, 4>, items: usize, rows: usize) -> Tensor<B, 3> {
-    let [_, kv_heads, _, width] = t.dims();
-    t.swap_dims(0, 1).reshape([kv_heads, items * rows, width])
-}
-
-/// `[N, kv, L·g, d]` → `[N, L, q_heads·d]`, heads in checkpoint order.
-fn merge_heads<B: Backend>(t: Tensor<B, 4>, items: usize, len: usize, width: usize, group: usize) -> Tensor<B, 3> {
-    let [_, kv_heads, _, head_dim] = t.dims();
-    t.reshape([items, kv_heads, len, group, head_dim]).swap_dims(1, 2).reshape([items, len, width])
 }

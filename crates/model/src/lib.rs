@@ -11,4 +11,4 @@ pub mod qwen3;
 pub mod weights;
 
 pub use config::Qwen3Config;
-pub use qwen3::{LoadError, PrefixCache, Qwen3};
+pub use qwen3::{ItemGroup, LoadError, PrefixCache, Qwen3, PREFILL_CHUNK};

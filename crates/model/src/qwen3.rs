@@ -20,8 +20,9 @@ pub enum LoadError {
     Weights(#[from] WeightsError),
 }
 
-/// Query tokens per prefill chunk.
-const PREFILL_CHUNK: usize = 512;
+/// Query tokens per prefill chunk. A prefix cached at a multiple of this length resumes with
+/// the same chunk boundaries as a fresh prefill, so a cache hit is bit-identical to a miss.
+pub const PREFILL_CHUNK: usize = 512;
 
 /// Vocabulary rows per chunk of the full-vocabulary log-sum-exp: `[items, chunk]` logits at a time.
 const VOCAB_CHUNK: usize = 16_384;
@@ -49,6 +50,12 @@ struct DecoderLayer<B: Backend> {
     down_proj: Tensor<B, 2>,
 }
 
+/// Items that share one prefix: the items of one request in a pass over several requests.
+pub struct ItemGroup<'a, B: Backend> {
+    pub prefix: &'a PrefixCache<B>,
+    pub items: Vec<&'a [u32]>,
+}
+
 /// The query's K/V for every layer, computed once and shared by all items of a request.
 #[derive(Clone, Debug)]
 pub struct PrefixCache<B: Backend> {
@@ -63,6 +70,11 @@ impl<B: Backend> PrefixCache<B> {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Device memory held by the K/V tensors.
+    pub fn size_bytes(&self) -> usize {
+        self.layers.iter().map(|kv| 2 * kv.keys.shape().num_elements() * kv.keys.dtype().size()).sum()
     }
 
     /// This prefix followed by `len` more tokens whose per-layer K/V is `next`.
@@ -171,22 +183,31 @@ impl<B: Backend> Qwen3<B> {
     /// attending to the K/V of the chunks before it (a one-item pass over that prefix), so
     /// attention memory grows with `chunk × query`, not `query²`.
     pub fn prefill(&self, tokens: &[u32]) -> PrefixCache<B> {
-        let mut cache = self.empty_prefix();
+        self.prefill_from(self.empty_prefix(), tokens)
+    }
+
+    /// Extends a prefix by `tokens`, as if `prefix + tokens` had been prefilled from scratch
+    /// (exactly so when `prefix.len()` is a multiple of [`PREFILL_CHUNK`]).
+    pub fn prefill_from(&self, prefix: PrefixCache<B>, tokens: &[u32]) -> PrefixCache<B> {
+        let mut cache = prefix;
         for chunk in tokens.chunks(PREFILL_CHUNK) {
             let mut chunk_kv = Vec::with_capacity(self.layers.len());
-            self.forward(chunk, 1, chunk.len(), &cache, Some(&mut chunk_kv));
+            self.forward(chunk, 1, chunk.len(), &[(&cache, 1)], Some(&mut chunk_kv));
             cache = cache.extended(chunk_kv, chunk.len());
         }
         cache
     }
 
-    /// Final-normed hidden state at the last token of each item, `[items, hidden]`. Item token `k`
-    /// sits at position `prefix.len() + k` and sees the prefix and its own item only.
-    pub fn last_hidden(&self, prefix: &PrefixCache<B>, items: &[&[u32]]) -> Tensor<B, 2> {
+    /// Final-normed hidden state at the last token of each item, `[items, hidden]`, items in
+    /// group order. Item token `k` sits at position `prefix.len() + k` and sees its group's
+    /// prefix and its own item only. Groups of different requests share the pass's matmuls.
+    pub fn last_hidden(&self, groups: &[ItemGroup<'_, B>]) -> Tensor<B, 2> {
+        let items: Vec<&[u32]> = groups.iter().flat_map(|g| g.items.iter().copied()).collect();
         let len = items.iter().map(|item| item.len()).max().unwrap_or(0);
         // Padded with token 0; padding rows are never read and padding keys are causally hidden.
         let grid: Vec<u32> = items.iter().flat_map(|item| item.iter().copied().chain(std::iter::repeat(0)).take(len)).collect();
-        let hidden = self.forward(&grid, items.len(), len, prefix, None);
+        let runs: Vec<(&PrefixCache<B>, usize)> = groups.iter().map(|g| (g.prefix, g.items.len())).collect();
+        let hidden = self.forward(&grid, items.len(), len, &runs, None);
         let last_rows: Vec<i64> = items.iter().enumerate().map(|(n, item)| (n * len + item.len() - 1) as i64).collect();
         let last_rows = Tensor::<B, 1, Int>::from_data(TensorData::new(last_rows, [items.len()]), &self.device());
         rms_norm(hidden.select(0, last_rows), &self.final_norm, self.config.rms_norm_eps)
@@ -226,14 +247,15 @@ impl<B: Backend> Qwen3<B> {
     }
 
     /// Runs `items × len` tokens (row-major grid) through all layers; returns `[items·len, hidden]`.
-    /// Position of grid column `k` is `prefix.len() + k`. With `keep_kv`, the (single) sequence's
-    /// K/V per layer is pushed there, in prefix layout.
+    /// `groups` are consecutive runs of grid rows sharing a prefix; column `k` of a row sits at
+    /// position `prefix.len() + k`. With `keep_kv`, the (single) sequence's K/V per layer is
+    /// pushed there, in prefix layout.
     fn forward(
         &self,
         grid: &[u32],
         items: usize,
         len: usize,
-        prefix: &PrefixCache<B>,
+        groups: &[(&PrefixCache<B>, usize)],
         mut keep_kv: Option<&mut Vec<PrefixKv<B>>>,
     ) -> Tensor<B, 2> {
         let c = &self.config;
@@ -241,7 +263,8 @@ impl<B: Backend> Qwen3<B> {
         let ids: Vec<i64> = grid.iter().map(|&id| id as i64).collect();
         let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [grid.len()]), &device);
         let mut x = self.embed_tokens.clone().select(0, ids);
-        let rope = Rope::new(prefix.len(), len, c.head_dim, c.rope_theta, &device);
+        let starts = groups.iter().map(|(prefix, count)| (prefix.len(), *count));
+        let rope = Rope::new(starts, len, c.head_dim, c.rope_theta, &device);
         let (q_width, kv_width) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
 
         for (index, layer) in self.layers.iter().enumerate() {
@@ -257,7 +280,8 @@ impl<B: Backend> Qwen3<B> {
                 let prefix_layout = |t: Tensor<B, 4>| t.reshape([len, c.num_key_value_heads, c.head_dim]).swap_dims(0, 1);
                 kept.push(PrefixKv { keys: prefix_layout(k.clone()), values: prefix_layout(v.clone()) });
             }
-            let attended = multi_item_attention(q, k, v, &prefix.layers[index]);
+            let layer_groups: Vec<_> = groups.iter().map(|(prefix, count)| (&prefix.layers[index], *count)).collect();
+            let attended = multi_item_attention(q, k, v, &layer_groups);
             x = x + attended.reshape([items * len, q_width]).matmul(layer.o_proj.clone());
 
             let h = rms_norm(x.clone(), &layer.post_attention_norm, c.rms_norm_eps);
@@ -270,27 +294,35 @@ impl<B: Backend> Qwen3<B> {
     }
 }
 
-/// Rotary embedding in HF's rotate-half layout for the positions `start..start + len`,
-/// as `[1, len, 1, head_dim]` tables broadcast over items and heads.
+/// Rotary embedding in HF's rotate-half layout, as `[items, len, 1, head_dim]` tables
+/// broadcast over heads: item rows of a run starting at position `start` cover `start..start + len`.
 struct Rope<B: Backend> {
     cos: Tensor<B, 4>,
     sin: Tensor<B, 4>,
 }
 
 impl<B: Backend> Rope<B> {
-    fn new(start: usize, len: usize, head_dim: usize, theta: f64, device: &B::Device) -> Self {
+    /// `runs`: (start position, number of items) in row order.
+    fn new(runs: impl Iterator<Item = (usize, usize)>, len: usize, head_dim: usize, theta: f64, device: &B::Device) -> Self {
         let half = head_dim / 2;
-        let mut cos = Vec::with_capacity(len * head_dim);
-        let mut sin = Vec::with_capacity(len * head_dim);
-        for position in start..start + len {
-            // Angles in f64: at positions in the thousands, f32 angles lose the low frequencies' digits.
-            let angles: Vec<f64> = (0..half).map(|i| position as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64)).collect();
-            for _ in 0..2 {
-                cos.extend(angles.iter().map(|a| a.cos() as f32));
-                sin.extend(angles.iter().map(|a| a.sin() as f32));
+        let (mut cos, mut sin, mut items) = (Vec::new(), Vec::new(), 0);
+        for (start, count) in runs {
+            let (mut run_cos, mut run_sin) = (Vec::with_capacity(len * head_dim), Vec::with_capacity(len * head_dim));
+            for position in start..start + len {
+                // Angles in f64: at positions in the thousands, f32 angles lose the low frequencies' digits.
+                let angles: Vec<f64> = (0..half).map(|i| position as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64)).collect();
+                for _ in 0..2 {
+                    run_cos.extend(angles.iter().map(|a| a.cos() as f32));
+                    run_sin.extend(angles.iter().map(|a| a.sin() as f32));
+                }
             }
+            for _ in 0..count {
+                cos.extend_from_slice(&run_cos);
+                sin.extend_from_slice(&run_sin);
+            }
+            items += count;
         }
-        let table = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, [1, len, 1, head_dim]), device);
+        let table = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, [items, len, 1, head_dim]), device);
         Rope { cos: table(cos), sin: table(sin) }
     }
 

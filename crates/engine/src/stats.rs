@@ -1,0 +1,85 @@
+//! Counters the engine keeps for monitoring; the server renders them as Prometheus metrics.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+/// A fixed-bucket histogram, safe to update from any thread.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// `counts[i]`: observations `<= bounds[i]`, not cumulative; the last slot is `+Inf`.
+    counts: Vec<AtomicU64>,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Histogram { bounds, counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(), sum_micros: AtomicU64::new(0) }
+    }
+
+    pub fn observe(&self, value: f64) {
+        let slot = self.bounds.iter().position(|&bound| value <= bound).unwrap_or(self.bounds.len());
+        self.counts[slot].fetch_add(1, Relaxed);
+        self.sum_micros.fetch_add((value * 1e6) as u64, Relaxed);
+    }
+
+    /// `(upper bound, cumulative count)` per bucket, ending with `+Inf`; then the sum.
+    pub fn snapshot(&self) -> (Vec<(f64, u64)>, f64) {
+        let mut total = 0;
+        let mut buckets = Vec::with_capacity(self.counts.len());
+        for (i, count) in self.counts.iter().enumerate() {
+            total += count.load(Relaxed);
+            buckets.push((self.bounds.get(i).copied().unwrap_or(f64::INFINITY), total));
+        }
+        (buckets, self.sum_micros.load(Relaxed) as f64 / 1e6)
+    }
+}
+
+const SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0];
+
+#[derive(Debug)]
+pub struct EngineStats {
+    pub queue_depth: AtomicI64,
+    pub items_scored: AtomicU64,
+    pub tokens_scored: AtomicU64,
+    pub prefix_cache_hits: AtomicU64,
+    /// A cached chunk-aligned part of the query was reused; the rest was prefilled.
+    pub prefix_cache_partial_hits: AtomicU64,
+    pub prefix_cache_misses: AtomicU64,
+    pub prefix_cache_bytes: AtomicU64,
+    /// Requests scored together in one batch.
+    pub batch_requests: Histogram,
+    /// Items in one forward pass.
+    pub pass_items: Histogram,
+}
+
+impl Default for EngineStats {
+    fn default() -> Self {
+        EngineStats {
+            queue_depth: AtomicI64::new(0),
+            items_scored: AtomicU64::new(0),
+            tokens_scored: AtomicU64::new(0),
+            prefix_cache_hits: AtomicU64::new(0),
+            prefix_cache_partial_hits: AtomicU64::new(0),
+            prefix_cache_misses: AtomicU64::new(0),
+            prefix_cache_bytes: AtomicU64::new(0),
+            batch_requests: Histogram::new(SIZE_BUCKETS),
+            pass_items: Histogram::new(SIZE_BUCKETS),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let h = Histogram::new(&[1.0, 10.0]);
+        for v in [0.5, 1.0, 5.0, 100.0] {
+            h.observe(v);
+        }
+        let (buckets, sum) = h.snapshot();
+        assert_eq!(buckets, vec![(1.0, 2), (10.0, 3), (f64::INFINITY, 4)]);
+        assert!((sum - 106.5).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,73 @@
+//! Engine-level batching: requests with different queries share forward passes, and the prefix
+//! cache returns exactly what a fresh prefill computes.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+
+use burn::backend::NdArray;
+use serde_json::Value;
+use tally_core::{ScoreInput, ScoreRequest};
+use tally_engine::{Scorer, ScorerOptions};
+
+type Cpu = NdArray<f32>;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+fn scorer(prefix_cache_bytes: usize) -> Scorer<Cpu> {
+    let options = ScorerOptions { prefix_cache_bytes, ..ScorerOptions::default() };
+    Scorer::load(&fixtures().join("models/tied-gqa"), &Default::default(), options).unwrap()
+}
+
+fn case(name: &str) -> (ScoreRequest, Vec<Vec<f64>>) {
+    let case: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join(format!("cases/{name}.json"))).unwrap()).unwrap();
+    (serde_json::from_value(case["request"].clone()).unwrap(), serde_json::from_value(case["expected_scores"].clone()).unwrap())
+}
+
+fn assert_close(got: &[Vec<f64>], expected: &[Vec<f64>], rel: f64) {
+    assert_eq!(got.len(), expected.len());
+    for (g, e) in got.iter().flatten().zip(expected.iter().flatten()) {
+        assert!((g - e).abs() <= rel * e.abs(), "{g} vs {e}");
+    }
+}
+
+#[test]
+fn requests_with_different_queries_share_passes_and_keep_their_answers() {
+    let names = ["tied_long_query", "tied_one_token_query_many_items", "tied_item_first"];
+    let mut scorer = scorer(0);
+    let cases: Vec<_> = names.iter().map(|name| case(name)).collect();
+    let inputs: Vec<ScoreInput> = cases.iter().map(|(request, _)| scorer.prepare(request).unwrap()).collect();
+    let batched = scorer.score_batch(&inputs.iter().collect::<Vec<_>>()).unwrap();
+    for (input, (got, (_, expected))) in inputs.iter().zip(batched.iter().zip(&cases)) {
+        assert_close(got, expected, 1e-3);
+        let alone = scorer.score_batch(&[input]).unwrap().remove(0);
+        assert_close(got, &alone, 1e-4);
+    }
+    // One batch of three requests (bucket (2, 4]), then three of one.
+    let (buckets, _) = scorer.stats().batch_requests.snapshot();
+    let at_most = |n: f64| buckets.iter().find(|(bound, _)| *bound >= n).unwrap().1;
+    assert_eq!((at_most(1.0), at_most(4.0) - at_most(2.0)), (3, 1));
+}
+
+#[test]
+fn prefix_cache_hits_equal_fresh_prefills() {
+    let (request, expected) = case("tied_long_query");
+    let mut cached = scorer(64 << 20);
+    let input = cached.prepare(&request).unwrap();
+    let miss = cached.score_batch(&[&input]).unwrap();
+    let hit = cached.score_batch(&[&input]).unwrap();
+    assert_eq!(miss, hit);
+    assert_close(&hit[0], &expected, 1e-3);
+    let stats = cached.stats();
+    assert_eq!((stats.prefix_cache_misses.load(Relaxed), stats.prefix_cache_hits.load(Relaxed)), (1, 1));
+
+    // Same first 1,590 tokens ("system prompt"), another suffix: the cached first 1,536 are reused.
+    let mut other = input.clone();
+    other.query.truncate(1590);
+    other.query.extend([3, 1, 4, 1, 5]);
+    let partial = cached.score_batch(&[&other]).unwrap();
+    assert_eq!(stats.prefix_cache_partial_hits.load(Relaxed), 1);
+    let fresh = scorer(0).score_batch(&[&other]).unwrap();
+    assert_eq!(partial, fresh);
+}
