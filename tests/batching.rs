@@ -37,7 +37,7 @@ fn requests_with_different_queries_share_passes_and_keep_their_answers() {
     let names = ["tied_long_query", "tied_one_token_query_many_items", "tied_item_first"];
     let mut scorer = scorer(0);
     let cases: Vec<_> = names.iter().map(|name| case(name)).collect();
-    let inputs: Vec<ScoreInput> = cases.iter().map(|(request, _)| scorer.prepare(request).unwrap()).collect();
+    let inputs: Vec<ScoreInput> = cases.iter().map(|(request, _)| scorer.preparer().prepare(request).unwrap()).collect();
     let batched = scorer.score_batch(&inputs.iter().collect::<Vec<_>>()).unwrap();
     for (input, (got, (_, expected))) in inputs.iter().zip(batched.iter().zip(&cases)) {
         assert_close(got, expected, 1e-3);
@@ -54,7 +54,7 @@ fn requests_with_different_queries_share_passes_and_keep_their_answers() {
 fn prefix_cache_hits_equal_fresh_prefills() {
     let (request, expected) = case("tied_long_query");
     let mut cached = scorer(64 << 20);
-    let input = cached.prepare(&request).unwrap();
+    let input = cached.preparer().prepare(&request).unwrap();
     let miss = cached.score_batch(&[&input]).unwrap();
     let hit = cached.score_batch(&[&input]).unwrap();
     assert_eq!(miss, hit);

@@ -17,6 +17,17 @@ pub struct Cli {
 pub enum Command {
     /// Score items against a query, from a /v1/score request file or from text arguments.
     Score(ScoreArgs),
+    /// Serve /v1/score, /v1/rerank and friends over HTTP.
+    Serve(ServeArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Poisson load against a running server's /v1/score; prints latency percentiles and items/s.
+    Load(LoadArgs),
 }
 
 #[derive(Args)]
@@ -47,4 +58,87 @@ pub struct ScoreArgs {
     /// Most padded item tokens per forward pass; larger item lists are split into several passes.
     #[arg(long, default_value_t = tally_core::PassBudget::default().max_tokens)]
     pub max_batch_tokens: usize,
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Model directory in Hugging Face layout, or a Hugging Face repo id (downloaded into the HF
+    /// cache once, then used offline).
+    #[arg(long)]
+    pub model: String,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on; 0 picks a free one (the log says which).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    #[arg(long, value_enum, default_value_t = BackendKind::default())]
+    pub backend: BackendKind,
+    /// Most padded item tokens per forward pass.
+    #[arg(long, default_value_t = tally_core::PassBudget::default().max_tokens)]
+    pub max_batch_tokens: usize,
+    /// Device memory for prefilled queries kept across requests (MiB; 0 disables).
+    #[arg(long, default_value_t = 512)]
+    pub prefix_cache_mib: usize,
+    /// Requests waiting for the model before new ones get 503.
+    #[arg(long, default_value_t = 256)]
+    pub max_queue: usize,
+    /// Items per request before 413.
+    #[arg(long, default_value_t = 4096)]
+    pub max_items_per_request: usize,
+    /// Prompt tokens per request (query + items) before 413.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_tokens_per_request: usize,
+    /// Request body size before 413.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub max_body_bytes: usize,
+    /// Seconds a request may wait and run before it fails with 504.
+    #[arg(long, default_value_t = 120.0)]
+    pub request_timeout_secs: f64,
+    #[command(flatten)]
+    pub rerank: RerankArgs,
+}
+
+/// How /v1/rerank turns (query, document) into a yes/no question. Defaults: Qwen3-Reranker.
+#[derive(Args, Clone)]
+pub struct RerankArgs {
+    /// Query side of the prompt; `{instruction}` and `{query}` are substituted.
+    #[arg(long, default_value = crate::http::rerank::QWEN3_RERANKER_QUERY)]
+    pub rerank_query_template: String,
+    /// Document side of the prompt; `{document}` is substituted.
+    #[arg(long, default_value = crate::http::rerank::QWEN3_RERANKER_DOCUMENT)]
+    pub rerank_document_template: String,
+    /// Instruction used when a request gives none.
+    #[arg(long, default_value = crate::http::rerank::QWEN3_RERANKER_INSTRUCTION)]
+    pub rerank_instruction: String,
+    /// The "relevant" answer; must be one token.
+    #[arg(long, default_value = "yes")]
+    pub rerank_yes: String,
+    /// The "not relevant" answer; must be one token.
+    #[arg(long, default_value = "no")]
+    pub rerank_no: String,
+}
+
+#[derive(Args)]
+pub struct LoadArgs {
+    /// Base URL of a running tally (or any /v1/score) server.
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    pub url: String,
+    /// Mean requests per second (Poisson arrivals).
+    #[arg(long, default_value_t = 4.0)]
+    pub qps: f64,
+    /// Seconds to send requests for.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    #[arg(long, default_value_t = 100)]
+    pub items_per_request: usize,
+    /// Query tokens per request.
+    #[arg(long, default_value_t = 1000)]
+    pub prompt_tokens: usize,
+    #[arg(long, default_value_t = 10)]
+    pub item_tokens: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Where to write the JSON summary.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }

@@ -3,7 +3,11 @@
 
 mod backend;
 mod cli;
+mod http;
+mod hub;
+mod load;
 mod score;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -13,6 +17,8 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {
         cli::Command::Score(args) => score::run(args),
+        cli::Command::Serve(args) => serve::run(args),
+        cli::Command::Bench(cli::BenchCommand::Load(args)) => load::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

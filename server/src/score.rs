@@ -44,9 +44,7 @@ fn read_request(path: &std::path::Path) -> Result<ScoreRequest> {
 }
 
 fn table<B: Backend>(scorer: &mut Scorer<B>, args: &ScoreArgs) -> Result<String> {
-    let Some(tokenizer) = scorer.tokenizer() else {
-        bail!("{} has no tokenizer.json: text scoring needs one (use --request with token ids)", args.model.display());
-    };
+    let tokenizer = scorer.preparer().tokenizer()?;
     let mut label_ids = Vec::with_capacity(args.labels.len());
     for label in &args.labels {
         match tokenizer.encode(label)?.as_slice() {

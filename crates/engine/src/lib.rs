@@ -1,14 +1,19 @@
 //! tally-engine: turns a score request into scores.
 //!
-//! Request path: [`ScoreRequest`](tally_core::ScoreRequest) → kinds checked → tokenized
-//! ([`tokenizer`]) → validated against the model ([`tally_core::ScoreInput`]) → query prefilled once
-//! → items split into passes ([`tally_core::plan_passes`]) → label log-probabilities ([`scorer`]).
+//! Request path: [`ScoreRequest`](tally_core::ScoreRequest) → tokenized and validated
+//! ([`prepare`]) → queued and batched with concurrent requests ([`scheduler`]) → each query
+//! prefilled once or taken from the [`prefix_cache`] → items of all batched requests split into
+//! shared passes ([`tally_core::plan_passes`]) → label probabilities ([`scorer`]).
 
 pub mod prefix_cache;
+pub mod prepare;
+pub mod scheduler;
 pub mod scorer;
 pub mod stats;
 pub mod tokenizer;
 
+pub use prepare::RequestPreparer;
+pub use scheduler::{ScheduleError, Scheduler, SchedulerOptions};
 pub use scorer::{EngineError, Scorer, ScorerOptions};
 pub use stats::{EngineStats, Histogram};
 pub use tokenizer::TextTokenizer;

@@ -7,10 +7,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
-use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, RequestInput, ScoreInput, ScoreRequest, ScoreResponse, ValidationError};
+use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse, ValidationError};
 use tally_model::{ItemGroup, LoadError, PrefixCache, Qwen3, PREFILL_CHUNK};
 
 use crate::prefix_cache::PrefixLru;
+use crate::prepare::RequestPreparer;
 use crate::stats::EngineStats;
 use crate::tokenizer::{TextTokenizer, TokenizerError};
 
@@ -39,8 +40,7 @@ pub struct ScorerOptions {
 /// A model, its tokenizer and the scoring pipeline.
 pub struct Scorer<B: Backend> {
     model: Qwen3<B>,
-    tokenizer: Option<TextTokenizer>,
-    model_name: String,
+    preparer: RequestPreparer,
     options: ScorerOptions,
     prefix_cache: PrefixLru<B>,
     stats: Arc<EngineStats>,
@@ -53,27 +53,20 @@ impl<B: Backend> Scorer<B> {
         let tokenizer_path = dir.join("tokenizer.json");
         let tokenizer = tokenizer_path.is_file().then(|| TextTokenizer::from_file(&tokenizer_path)).transpose()?;
         let model_name = dir.file_name().map_or_else(|| dir.display().to_string(), |name| name.to_string_lossy().into_owned());
+        let config = model.config();
+        let limits = ModelLimits { vocab_size: config.vocab_size, max_positions: config.max_position_embeddings };
         Ok(Scorer {
+            preparer: RequestPreparer::new(tokenizer, limits, model_name),
             model,
-            tokenizer,
-            model_name,
             options,
             prefix_cache: PrefixLru::new(options.prefix_cache_bytes),
             stats: Arc::default(),
         })
     }
 
-    pub fn model_name(&self) -> &str {
-        &self.model_name
-    }
-
-    pub fn limits(&self) -> ModelLimits {
-        let config = self.model.config();
-        ModelLimits { vocab_size: config.vocab_size, max_positions: config.max_position_embeddings }
-    }
-
-    pub fn tokenizer(&self) -> Option<&TextTokenizer> {
-        self.tokenizer.as_ref()
+    /// Tokenization and validation for this model, shareable with other threads.
+    pub fn preparer(&self) -> &RequestPreparer {
+        &self.preparer
     }
 
     pub fn stats(&self) -> Arc<EngineStats> {
@@ -82,23 +75,10 @@ impl<B: Backend> Scorer<B> {
 
     /// Validates, tokenizes and scores one request.
     pub fn score(&mut self, request: &ScoreRequest) -> Result<ScoreResponse, EngineError> {
-        let input = self.prepare(request)?;
+        let input = self.preparer.prepare(request)?;
         let scores = self.score_batch(&[&input])?.remove(0);
-        let model = request.model.clone().unwrap_or_else(|| self.model_name.clone());
+        let model = request.model.clone().unwrap_or_else(|| self.preparer.model_name().to_owned());
         Ok(ScoreResponse::new(scores, model, input.prompt_tokens()))
-    }
-
-    /// Tokenizes text (if any) and validates everything against the model.
-    pub fn prepare(&self, request: &ScoreRequest) -> Result<ScoreInput, EngineError> {
-        let (query, items) = match request.input()? {
-            RequestInput::Ids { query, items } => (query.to_vec(), items.to_vec()),
-            RequestInput::Text { query, items } => {
-                let tokenizer = self.tokenizer.as_ref().ok_or_else(|| EngineError::NoTokenizer(self.model_name.clone()))?;
-                let items = items.iter().map(|item| tokenizer.encode(item)).collect::<Result<Vec<_>, _>>()?;
-                (tokenizer.encode(query)?, items)
-            }
-        };
-        Ok(ScoreInput::new(&query, &items, &request.label_token_ids, request.apply_softmax, request.item_first, self.limits())?)
     }
 
     /// `scores[r][i][j]` for a batch of validated requests. Each query runs once (or comes from

@@ -1,0 +1,144 @@
+//! The request queue in front of the model: one worker thread owns the model and scores
+//! whatever has queued up since its last batch in shared forward passes (dynamic batching).
+//! The queue is bounded; a full queue is the caller's signal to shed load.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use burn::tensor::backend::Backend;
+use tally_core::ScoreInput;
+use tokio::sync::oneshot;
+
+use crate::scorer::Scorer;
+use crate::stats::EngineStats;
+
+#[derive(Debug, Clone, Copy)]
+pub struct SchedulerOptions {
+    /// Requests waiting for the model; more are refused with [`ScheduleError::QueueFull`].
+    pub max_queue: usize,
+    /// Prompt tokens gathered into one batch (a batch always takes at least one request).
+    pub max_batch_tokens: usize,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ScheduleError {
+    #[error("the server is at capacity ({0} requests queued); retry later")]
+    QueueFull(usize),
+    #[error("the request waited past its deadline before it could be scored")]
+    Expired,
+    #[error("scoring failed: {0}")]
+    Failed(String),
+    #[error("the scheduler has shut down")]
+    Closed,
+}
+
+pub type ScoreResult = Result<Vec<Vec<f64>>, ScheduleError>;
+
+struct Job {
+    input: ScoreInput,
+    deadline: Instant,
+    reply: oneshot::Sender<ScoreResult>,
+}
+
+/// Handle to the worker. Dropping it (or [`Scheduler::shutdown`]) lets the worker finish every
+/// queued request, then stop.
+pub struct Scheduler {
+    queue: Option<SyncSender<Job>>,
+    worker: Option<JoinHandle<()>>,
+    stats: Arc<EngineStats>,
+    max_queue: usize,
+}
+
+impl Scheduler {
+    pub fn start<B: Backend>(scorer: Scorer<B>, options: SchedulerOptions) -> Self
+    where
+        Scorer<B>: Send + 'static,
+    {
+        let (queue, jobs) = sync_channel(options.max_queue);
+        let stats = scorer.stats();
+        let worker = std::thread::Builder::new()
+            .name("tally-model".into())
+            .spawn(move || run_worker(scorer, jobs, options))
+            .expect("spawning the model thread");
+        Scheduler { queue: Some(queue), worker: Some(worker), stats, max_queue: options.max_queue }
+    }
+
+    pub fn stats(&self) -> Arc<EngineStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Queues a validated request; the receiver yields its scores.
+    pub fn submit(&self, input: ScoreInput, deadline: Instant) -> Result<oneshot::Receiver<ScoreResult>, ScheduleError> {
+        let (reply, receiver) = oneshot::channel();
+        let queue = self.queue.as_ref().ok_or(ScheduleError::Closed)?;
+        // Count before sending: the worker decrements as soon as it takes the job.
+        self.stats.queue_depth.fetch_add(1, Relaxed);
+        match queue.try_send(Job { input, deadline, reply }) {
+            Ok(()) => Ok(receiver),
+            Err(error) => {
+                self.stats.queue_depth.fetch_sub(1, Relaxed);
+                Err(match error {
+                    TrySendError::Full(_) => ScheduleError::QueueFull(self.max_queue),
+                    TrySendError::Disconnected(_) => ScheduleError::Closed,
+                })
+            }
+        }
+    }
+
+    /// Stops taking requests, scores everything already queued, and waits for the worker.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.queue.take();
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run_worker<B: Backend>(mut scorer: Scorer<B>, jobs: Receiver<Job>, options: SchedulerOptions) {
+    let stats = scorer.stats();
+    // `recv` keeps returning queued jobs after the handle is dropped, so shutdown drains.
+    while let Ok(first) = jobs.recv() {
+        let mut tokens = first.input.prompt_tokens();
+        let mut batch = vec![first];
+        while tokens < options.max_batch_tokens {
+            let Ok(job) = jobs.try_recv() else { break };
+            tokens += job.input.prompt_tokens();
+            batch.push(job);
+        }
+        stats.queue_depth.fetch_sub(batch.len() as i64, Relaxed);
+
+        let now = Instant::now();
+        let (live, expired): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|job| job.deadline > now);
+        for job in expired {
+            let _ = job.reply.send(Err(ScheduleError::Expired));
+        }
+        if live.is_empty() {
+            continue;
+        }
+        let inputs: Vec<&ScoreInput> = live.iter().map(|job| &job.input).collect();
+        // A bug in a backend must fail these requests, not kill the worker and every later request.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scorer.score_batch(&inputs)));
+        let results: Vec<ScoreResult> = match outcome {
+            Ok(Ok(scores)) => scores.into_iter().map(Ok).collect(),
+            Ok(Err(error)) => live.iter().map(|_| Err(ScheduleError::Failed(error.to_string()))).collect(),
+            Err(_) => live.iter().map(|_| Err(ScheduleError::Failed("the model panicked; see the server log".into()))).collect(),
+        };
+        for (job, result) in live.into_iter().zip(results) {
+            // The client may have gone away; its answer is simply dropped.
+            let _ = job.reply.send(result);
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! API errors as JSON: `{object: "error", message, type, param, code}` (OpenAI / SGLang style).
+
+use axum::extract::rejection::BytesRejection;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use tally_core::ValidationError;
+use tally_engine::{EngineError, ScheduleError};
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub param: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    object: &'static str,
+    message: &'a str,
+    r#type: &'static str,
+    param: Option<&'a str>,
+    code: u16,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into(), param: None }
+    }
+
+    pub fn with_param(mut self, param: &str) -> Self {
+        self.param = Some(param.to_owned());
+        self
+    }
+
+    /// A body that is not a valid request: bad JSON, wrong types, missing fields.
+    pub fn malformed(error: serde_json::Error) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, format!("invalid request: {error}"))
+    }
+
+    /// The body could not be read: too large (413) or broken off.
+    pub fn unreadable_body(rejection: BytesRejection) -> Self {
+        let status = rejection.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE { "request body too large".to_owned() } else { rejection.body_text() };
+        ApiError::new(status, message)
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::BAD_REQUEST => "BadRequestError",
+            StatusCode::NOT_FOUND => "NotFoundError",
+            StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
+            StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
+            StatusCode::UNPROCESSABLE_ENTITY => "UnprocessableEntityError",
+            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
+            StatusCode::GATEWAY_TIMEOUT => "TimeoutError",
+            _ => "InternalServerError",
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(error: EngineError) -> Self {
+        let message = error.to_string();
+        match &error {
+            EngineError::Invalid(invalid @ ValidationError::TokenIdOutOfRange { .. }) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, message).with_param(invalid.param())
+            }
+            EngineError::Invalid(invalid) => ApiError::new(StatusCode::BAD_REQUEST, message).with_param(invalid.param()),
+            EngineError::NoTokenizer(_) | EngineError::Tokenizer(_) => ApiError::new(StatusCode::BAD_REQUEST, message),
+            EngineError::Load(_) | EngineError::Device(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message),
+        }
+    }
+}
+
+impl From<ScheduleError> for ApiError {
+    fn from(error: ScheduleError) -> Self {
+        let status = match error {
+            ScheduleError::QueueFull(_) | ScheduleError::Closed => StatusCode::SERVICE_UNAVAILABLE,
+            ScheduleError::Expired => StatusCode::GATEWAY_TIMEOUT,
+            ScheduleError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(status, error.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
+            tracing::error!(status = %self.status, "{}", self.message);
+        }
+        let body = ErrorBody { object: "error", message: &self.message, r#type: self.kind(), param: self.param.as_deref(), code: self.status.as_u16() };
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        response
+    }
+}

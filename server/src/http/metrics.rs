@@ -1,0 +1,85 @@
+//! `GET /metrics`: Prometheus text format — HTTP requests and latencies, and the engine's
+//! counters (items and tokens scored, batch and pass sizes, queue depth, prefix cache).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tally_engine::Histogram;
+
+use super::AppState;
+
+const LATENCY_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+#[derive(Default)]
+pub struct HttpMetrics {
+    /// (endpoint, status) → requests.
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    latency: Mutex<BTreeMap<String, Arc<Histogram>>>,
+}
+
+/// Middleware: counts every request by endpoint and status, and times it.
+pub async fn record(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let endpoint = request.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str).to_owned();
+    let start = Instant::now();
+    let response = next.run(request).await;
+    let metrics = &state.metrics;
+    let histogram = Arc::clone(metrics.latency.lock().unwrap_or_else(|e| e.into_inner()).entry(endpoint.clone()).or_insert_with(|| Arc::new(Histogram::new(LATENCY_BUCKETS))));
+    histogram.observe(start.elapsed().as_secs_f64());
+    *metrics.requests.lock().unwrap_or_else(|e| e.into_inner()).entry((endpoint, response.status().as_u16())).or_default() += 1;
+    response
+}
+
+pub async fn render(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let mut out = String::new();
+    let http = &state.metrics;
+    out += "# HELP tally_requests_total HTTP requests by endpoint and status.\n# TYPE tally_requests_total counter\n";
+    for ((endpoint, status), count) in http.requests.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        let _ = writeln!(out, "tally_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {count}");
+    }
+    out += "# HELP tally_request_duration_seconds HTTP request latency.\n# TYPE tally_request_duration_seconds histogram\n";
+    for (endpoint, histogram) in http.latency.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        write_histogram(&mut out, "tally_request_duration_seconds", &format!("endpoint=\"{endpoint}\","), histogram);
+    }
+
+    let engine = state.scheduler.stats();
+    let counters = [
+        ("tally_items_scored_total", "Items scored.", engine.items_scored.load(Relaxed)),
+        ("tally_tokens_scored_total", "Prompt tokens run through the model.", engine.tokens_scored.load(Relaxed)),
+        ("tally_prefix_cache_hits_total", "Queries found whole in the prefix cache.", engine.prefix_cache_hits.load(Relaxed)),
+        ("tally_prefix_cache_partial_hits_total", "Queries that resumed from a cached beginning.", engine.prefix_cache_partial_hits.load(Relaxed)),
+        ("tally_prefix_cache_misses_total", "Queries prefilled from scratch.", engine.prefix_cache_misses.load(Relaxed)),
+    ];
+    for (name, help, value) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+    }
+    let gauges = [
+        ("tally_queue_depth", "Requests waiting for the model.", engine.queue_depth.load(Relaxed)),
+        ("tally_prefix_cache_bytes", "Device bytes held by the prefix cache.", engine.prefix_cache_bytes.load(Relaxed) as i64),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+    }
+    out += "# HELP tally_batch_requests Requests scored together in one batch.\n# TYPE tally_batch_requests histogram\n";
+    write_histogram(&mut out, "tally_batch_requests", "", &engine.batch_requests);
+    out += "# HELP tally_pass_items Items per forward pass.\n# TYPE tally_pass_items histogram\n";
+    write_histogram(&mut out, "tally_pass_items", "", &engine.pass_items);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}
+
+/// `labels` is empty or ends with a comma.
+fn write_histogram(out: &mut String, name: &str, labels: &str, histogram: &Histogram) {
+    let (buckets, sum) = histogram.snapshot();
+    for (bound, count) in &buckets {
+        let le = if bound.is_infinite() { "+Inf".to_owned() } else { bound.to_string() };
+        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{le}\"}} {count}");
+    }
+    let bare = labels.trim_end_matches(',');
+    let _ = writeln!(out, "{name}_sum{{{bare}}} {sum}\n{name}_count{{{bare}}} {}", buckets.last().map_or(0, |b| b.1));
+}

@@ -1,0 +1,114 @@
+//! The HTTP API: routes, shared state, limits. Every handler parses and validates on the async
+//! side, then hands valid work to the engine's scheduler and awaits its answer.
+
+pub mod error;
+pub mod metrics;
+pub mod openapi;
+pub mod rerank;
+pub mod score;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use tally_core::ScoreInput;
+use tally_engine::{RequestPreparer, Scheduler};
+
+use error::ApiError;
+use metrics::HttpMetrics;
+use rerank::RerankTemplate;
+
+/// Per-request limits, all configurable on the command line.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerLimits {
+    pub max_items: usize,
+    pub max_tokens: usize,
+    pub max_body_bytes: usize,
+    pub timeout: Duration,
+}
+
+pub struct AppState {
+    scheduler: Scheduler,
+    preparer: RequestPreparer,
+    rerank: RerankTemplate,
+    limits: ServerLimits,
+    metrics: HttpMetrics,
+    started: std::time::SystemTime,
+}
+
+impl AppState {
+    pub fn new(scheduler: Scheduler, preparer: RequestPreparer, rerank: RerankTemplate, limits: ServerLimits) -> Self {
+        AppState { scheduler, preparer, rerank, limits, metrics: HttpMetrics::default(), started: std::time::SystemTime::now() }
+    }
+
+    /// Checks the server's size limits, queues the input, and waits for its scores.
+    async fn score(&self, input: ScoreInput) -> Result<Vec<Vec<f64>>, ApiError> {
+        if input.prompt_tokens() > self.limits.max_tokens {
+            let message = format!("request has {} prompt tokens; this server takes at most {}", input.prompt_tokens(), self.limits.max_tokens);
+            return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).with_param("items"));
+        }
+        let deadline = Instant::now() + self.limits.timeout;
+        let answer = self.scheduler.submit(input, deadline)?;
+        match tokio::time::timeout_at(deadline.into(), answer).await {
+            Ok(Ok(result)) => Ok(result?),
+            Ok(Err(_)) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down")),
+            Err(_) => Err(ApiError::new(StatusCode::GATEWAY_TIMEOUT, format!("request timed out after {:?}", self.limits.timeout))),
+        }
+    }
+
+    fn check_items(&self, items: usize) -> Result<(), ApiError> {
+        if items > self.limits.max_items {
+            let message = format!("request has {items} items; this server takes at most {}", self.limits.max_items);
+            return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).with_param("items"));
+        }
+        Ok(())
+    }
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/score", post(score::score))
+        .route("/v1/rerank", post(rerank::rerank))
+        .route("/rerank", post(rerank::rerank))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics::render))
+        .route("/openapi.json", get(openapi::spec))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), metrics::record))
+        .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
+        .with_state(state)
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let created = state.started.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let limits = state.preparer.limits();
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.preparer.model_name(),
+            "object": "model",
+            "created": created,
+            "owned_by": "tally",
+            "max_model_len": limits.max_positions,
+            "vocab_size": limits.vocab_size,
+        }],
+    }))
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no such endpoint; see /openapi.json")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed for this endpoint; see /openapi.json")
+}

@@ -1,0 +1,96 @@
+//! `tally bench load`: Poisson arrivals against `/v1/score` (as SGLang's scoring benchmark
+//! sends them); reports latency percentiles and items/s, and writes a JSON summary.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use serde_json::json;
+
+use crate::cli::LoadArgs;
+
+/// A small deterministic generator (xorshift64*): reproducible runs without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in (0, 1].
+    fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    fn ids(&mut self, n: usize, vocab: u64) -> Vec<u64> {
+        (0..n).map(|_| self.next() % vocab).collect()
+    }
+}
+
+struct Outcome {
+    latency: Duration,
+    ok: bool,
+}
+
+pub fn run(args: LoadArgs) -> Result<()> {
+    ensure!(args.qps > 0.0 && args.duration > 0.0, "--qps and --duration must be positive");
+    let base = args.url.trim_end_matches('/').to_owned();
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(600)).build();
+    let models: serde_json::Value = agent.get(&format!("{base}/v1/models")).call().with_context(|| format!("cannot reach {base}/v1/models"))?.into_json()?;
+    let vocab = models["data"][0]["vocab_size"].as_u64().unwrap_or(1000).max(2);
+
+    let mut rng = Rng(args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let (done, results) = mpsc::channel::<Outcome>();
+    let start = Instant::now();
+    let mut next_arrival = 0.0;
+    let mut sent = 0;
+    while next_arrival < args.duration {
+        let request = json!({
+            "query": rng.ids(args.prompt_tokens, vocab),
+            "items": (0..args.items_per_request).map(|_| rng.ids(args.item_tokens, vocab)).collect::<Vec<_>>(),
+            "label_token_ids": [0, 1],
+        });
+        let wait = Duration::from_secs_f64(next_arrival).saturating_sub(start.elapsed());
+        std::thread::sleep(wait);
+        let (agent, url, done) = (agent.clone(), format!("{base}/v1/score"), done.clone());
+        std::thread::spawn(move || {
+            let sent_at = Instant::now();
+            let ok = agent.post(&url).send_json(request).is_ok();
+            let _ = done.send(Outcome { latency: sent_at.elapsed(), ok });
+        });
+        sent += 1;
+        next_arrival += -rng.unit().ln() / args.qps;
+    }
+    drop(done);
+    let outcomes: Vec<Outcome> = results.iter().collect();
+    let wall = start.elapsed().as_secs_f64();
+
+    let mut latencies: Vec<f64> = outcomes.iter().filter(|o| o.ok).map(|o| o.latency.as_secs_f64() * 1e3).collect();
+    latencies.sort_by(f64::total_cmp);
+    let percentile = |p: f64| latencies.get(((latencies.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied().unwrap_or(f64::NAN);
+    let ok = latencies.len();
+    let summary = json!({
+        "url": base,
+        "qps": args.qps,
+        "duration_s": args.duration,
+        "items_per_request": args.items_per_request,
+        "prompt_tokens": args.prompt_tokens,
+        "item_tokens": args.item_tokens,
+        "requests_sent": sent,
+        "requests_ok": ok,
+        "requests_failed": sent - ok,
+        "wall_s": wall,
+        "latency_ms": {"p50": percentile(0.5), "p90": percentile(0.9), "p99": percentile(0.99)},
+        "items_per_second": (ok * args.items_per_request) as f64 / wall,
+    });
+    println!("requests: {sent} sent, {ok} ok, {} failed in {wall:.1} s", sent - ok);
+    println!("latency ms: p50 {:.1}  p90 {:.1}  p99 {:.1}", percentile(0.5), percentile(0.9), percentile(0.99));
+    println!("throughput: {:.1} items/s", summary["items_per_second"].as_f64().unwrap_or(0.0));
+    if let Some(out) = &args.out {
+        std::fs::write(out, serde_json::to_string_pretty(&summary)? + "\n").with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    Ok(())
+}
