@@ -81,5 +81,6 @@ fn write_histogram(out: &mut String, name: &str, labels: &str, histogram: &Histo
         let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{le}\"}} {count}");
     }
     let bare = labels.trim_end_matches(',');
-    let _ = writeln!(out, "{name}_sum{{{bare}}} {sum}\n{name}_count{{{bare}}} {}", buckets.last().map_or(0, |b| b.1));
+    let labels = if bare.is_empty() { String::new() } else { format!("{{{bare}}}") };
+    let _ = writeln!(out, "{name}_sum{labels} {sum}\n{name}_count{labels} {}", buckets.last().map_or(0, |b| b.1));
 }

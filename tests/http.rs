@@ -1,0 +1,325 @@
+//! `tally serve` over real HTTP on loopback: the oracle fixtures, concurrency, pass splitting,
+//! the prefix cache, every error class, reranking, the side endpoints, SIGTERM draining, and a
+//! Python client written the way SGLang's docs call /v1/score.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{assert_close, fixtures, model, scores};
+use serde_json::{json, Value};
+
+/// A `tally serve` child on a free port, killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(model_name: &str, extra: &[&str]) -> Server {
+        let model = model(model_name);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tally"))
+            .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tally serve starts");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let url = loop {
+            let line = lines.next().expect("server log ends before it listens").unwrap();
+            if let Some(at) = line.find("listening on http://") {
+                break line[at + "listening on ".len()..].trim().to_owned();
+            }
+        };
+        // Keep draining the log so the server never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Server { child, url }
+    }
+
+    fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        let response = ureq::post(&format!("{}{path}", self.url)).set("Content-Type", "application/json").send_string(body);
+        read(response)
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        match ureq::get(&format!("{}{path}", self.url)).call() {
+            Ok(r) => (r.status(), r.into_string().unwrap()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
+            Err(e) => panic!("GET {path}: {e}"),
+        }
+    }
+
+    fn score(&self, request: &Value) -> Vec<Vec<f64>> {
+        let (status, body) = self.post("/v1/score", &request.to_string());
+        assert_eq!(status, 200, "{body}");
+        scores(&body)
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.get("/metrics");
+        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()).unwrap_or_else(|| panic!("no metric {name}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn read(response: Result<ureq::Response, ureq::Error>) -> (u16, Value) {
+    let (status, response) = match response {
+        Ok(r) => (r.status(), r),
+        Err(ureq::Error::Status(code, r)) => (code, r),
+        Err(e) => panic!("transport error: {e}"),
+    };
+    let text = response.into_string().unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON ({status}): {text}")))
+}
+
+fn cases() -> Vec<Value> {
+    let mut paths: Vec<_> = std::fs::read_dir(fixtures().join("cases")).unwrap().map(|e| e.unwrap().path()).collect();
+    paths.sort();
+    paths.iter().map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()).collect()
+}
+
+fn case(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixtures().join(format!("cases/{name}.json"))).unwrap()).unwrap()
+}
+
+fn expected(case: &Value) -> Vec<Vec<f64>> {
+    serde_json::from_value(case["expected_scores"].clone()).unwrap()
+}
+
+#[test]
+fn score_endpoint_matches_the_reference_and_the_cli() {
+    let cases = cases();
+    let mut models: Vec<&str> = cases.iter().map(|c| c["model"].as_str().unwrap()).collect();
+    models.dedup();
+    for model_name in models {
+        let server = Server::start(model_name, &[]);
+        for case in cases.iter().filter(|c| c["model"] == model_name) {
+            let (status, body) = server.post("/v1/score", &case["request"].to_string());
+            assert_eq!(status, 200, "{body}");
+            assert_close(&scores(&body), &expected(case), 1e-3, model_name);
+            let cli = common::score(model_name, &case["request"], &[]);
+            assert_eq!(body["usage"], cli["usage"]);
+            assert_eq!((&body["object"], &body["model"]), (&cli["object"], &cli["model"]));
+            assert_close(&scores(&body), &scores(&cli), 1e-4, "HTTP vs CLI");
+        }
+    }
+}
+
+#[test]
+fn concurrent_clients_get_exactly_their_own_answers() {
+    let server = Server::start("tied-gqa", &["--max-batch-tokens", "512"]);
+    let base = case("tied_long_query")["request"].clone();
+    // 32 different requests: different query lengths (so different prefixes) and items.
+    let requests: Vec<Value> = (0..32)
+        .map(|i| {
+            let mut r = base.clone();
+            r["query"] = json!(base["query"].as_array().unwrap()[..40 + 37 * i].to_vec());
+            r["items"] = json!(base["items"].as_array().unwrap().iter().cycle().skip(i % 6).take(1 + i % 5).collect::<Vec<_>>());
+            r["apply_softmax"] = json!(i % 3 == 0);
+            r["item_first"] = json!(i % 7 == 0);
+            r
+        })
+        .collect();
+    let one_by_one: Vec<_> = requests.iter().map(|r| server.score(r)).collect();
+    let batches_before = server.metric("tally_batch_requests_count");
+    let concurrent: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = requests.iter().map(|r| s.spawn(|| server.score(r))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (alone, together)) in one_by_one.iter().zip(&concurrent).enumerate() {
+        assert_close(together, alone, 1e-4, &format!("client {i}"));
+    }
+    // Concurrent requests were scored in shared batches: fewer batches than requests.
+    assert!(server.metric("tally_batch_requests_count") - batches_before < 32.0);
+}
+
+#[test]
+fn split_passes_and_prefix_cache_hits_change_nothing() {
+    let case = case("tied_long_query");
+    let split = Server::start("tied-gqa", &["--max-batch-tokens", "8"]);
+    let first = split.score(&case["request"]);
+    assert_close(&first, &expected(&case), 1e-3, "split passes");
+    assert!(split.metric("tally_pass_items_count") > 1.0);
+    let second = split.score(&case["request"]);
+    assert_eq!(split.metric("tally_prefix_cache_hits_total"), 1.0);
+    assert_eq!(first, second, "a prefix-cache hit must equal the miss");
+
+    let one_pass = Server::start("tied-gqa", &["--prefix-cache-mib", "0"]);
+    assert_close(&one_pass.score(&case["request"]), &first, 1e-4, "one pass vs split");
+}
+
+#[test]
+fn every_invalid_request_gets_a_4xx_json_error_and_the_server_keeps_serving() {
+    let server = Server::start("tied-gqa", &["--max-items-per-request", "3", "--max-body-bytes", "100000", "--max-tokens-per-request", "3000"]);
+    let good = json!({"query": [1, 2], "items": [[3], [4, 5]], "label_token_ids": [6, 7]});
+    let with = |field: &str, value: Value| {
+        let mut r = good.clone();
+        r[field] = value;
+        r.to_string()
+    };
+    let without = |field: &str| {
+        let mut r = good.clone();
+        r.as_object_mut().unwrap().remove(field);
+        r.to_string()
+    };
+    let cases: Vec<(&str, String, u16)> = vec![
+        ("bad JSON", "{\"query\": [1,".into(), 400),
+        ("not an object", "[1, 2, 3]".into(), 400),
+        ("wrong type", with("label_token_ids", json!("yes")), 400),
+        ("missing query", without("query"), 400),
+        ("missing items", without("items"), 400),
+        ("missing labels", without("label_token_ids"), 400),
+        ("empty items", with("items", json!([])), 400),
+        ("empty item", with("items", json!([[3], []])), 400),
+        ("empty query", with("query", json!([])), 400),
+        ("no labels", with("label_token_ids", json!([])), 400),
+        ("mixed text and ids", with("query", json!("text")), 400),
+        ("text without a tokenizer", json!({"query": "q", "items": ["a"], "label_token_ids": [1]}).to_string(), 400),
+        ("non-integer id", with("items", json!([[3.5]])), 400),
+        ("negative query id", with("query", json!([-1])), 422),
+        ("query id >= vocab", with("query", json!([512])), 422),
+        ("negative item id", with("items", json!([[3], [-4]])), 422),
+        ("item id >= vocab", with("items", json!([[99999]])), 422),
+        ("negative label", with("label_token_ids", json!([-6])), 422),
+        ("label >= vocab", with("label_token_ids", json!([512])), 422),
+        ("id beyond u32", with("label_token_ids", json!([1u64 << 40])), 422),
+        ("too long for the model", with("query", json!(vec![1; 4096])), 400),
+        ("too many items", with("items", json!([[1], [2], [3], [4]])), 413),
+        ("too many tokens", with("query", json!(vec![1; 2999])), 413),
+        ("body too large", with("query", json!(vec![1; 60000])), 413),
+    ];
+    for (what, body, status) in cases {
+        let (got, error) = server.post("/v1/score", &body);
+        assert_eq!(got, status, "{what}: {error}");
+        assert_eq!(error["object"], "error", "{what}");
+        assert_eq!(error["code"], status, "{what}");
+        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}");
+        assert!(error["type"].is_string() && error.get("param").is_some(), "{what}");
+        assert_eq!(server.score(&good).len(), 2, "after {what}");
+    }
+    let (status, error) = server.post("/v1/rerank", &json!({"query": "q", "documents": ["d"]}).to_string());
+    assert_eq!((status, error["object"].as_str()), (400, Some("error")), "rerank needs a tokenizer: {error}");
+    let (status, body) = server.get("/no/such/route");
+    assert_eq!(status, 404, "{body}");
+}
+
+#[test]
+fn rerank_orders_documents_by_yes_probability() {
+    let server = Server::start("wide-vocab", &[]);
+    let documents = ["Paris is the capital of France.", "Cells have a nucleus.", "The Eiffel tower is in Paris.", "Bananas are yellow."];
+    let (status, body) = server.post("/v1/rerank", &json!({"query": "capital of France", "documents": documents, "top_n": 3, "return_documents": true}).to_string());
+    assert_eq!(status, 200, "{body}");
+    let results = body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3);
+    // The same prompt through /v1/score: relevance = P(yes) / (P(yes) + P(no)).
+    let query = "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n<Query>: capital of France\n";
+    let items: Vec<String> = documents.iter().map(|d| format!("<Document>: {d}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")).collect();
+    let scored = server.score(&json!({"query": query, "items": items, "label_token_ids": [9693, 2152], "apply_softmax": true}));
+    let mut order: Vec<usize> = (0..documents.len()).collect();
+    order.sort_by(|&a, &b| scored[b][0].total_cmp(&scored[a][0]));
+    for (result, &index) in results.iter().zip(&order) {
+        assert_eq!(result["index"], index);
+        assert!((result["relevance_score"].as_f64().unwrap() - scored[index][0]).abs() < 1e-9);
+        assert_eq!(result["document"]["text"], documents[index]);
+    }
+    let (status, plain) = server.post("/rerank", &json!({"query": "q", "documents": [{"text": "a"}, "b"]}).to_string());
+    assert_eq!(status, 200, "{plain}");
+    assert!(plain["results"][0].get("document").is_none());
+    assert!(plain["id"].as_str().unwrap().starts_with("rerank-"));
+}
+
+#[test]
+fn models_health_metrics_and_openapi_answer() {
+    let server = Server::start("tied-gqa", &[]);
+    let (status, models) = server.get("/v1/models");
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!((status, models["data"][0]["id"].as_str(), models["data"][0]["vocab_size"].as_u64()), (200, Some("tied-gqa"), Some(512)));
+    assert_eq!(server.get("/health").0, 200);
+    let (status, spec) = server.get("/openapi.json");
+    let spec: Value = serde_json::from_str(&spec).unwrap();
+    assert_eq!(status, 200);
+    for path in ["/v1/score", "/v1/rerank", "/rerank", "/v1/models", "/health", "/metrics"] {
+        assert!(spec["paths"].get(path).is_some(), "{path} undocumented");
+    }
+    server.score(&json!({"query": [1], "items": [[2], [3]], "label_token_ids": [4]}));
+    let (_, metrics) = server.get("/metrics");
+    for needle in [
+        "tally_requests_total{endpoint=\"/v1/score\",status=\"200\"} 1",
+        "tally_request_duration_seconds_count{endpoint=\"/v1/score\"} 1",
+        "tally_items_scored_total 2",
+        "tally_tokens_scored_total 3",
+        "tally_batch_requests_count 1",
+        "tally_queue_depth 0",
+        "tally_prefix_cache_misses_total 1",
+    ] {
+        assert!(metrics.contains(needle), "{needle} not in\n{metrics}");
+    }
+}
+
+#[test]
+fn sigterm_drains_every_accepted_request() {
+    let server = Server::start("tied-gqa", &["--prefix-cache-mib", "0"]);
+    let request = case("tied_long_query")["request"].to_string();
+    let url = format!("{}/v1/score", server.url);
+    let clients: Vec<_> = (0..12)
+        .map(|_| {
+            let (url, request) = (url.clone(), request.clone());
+            std::thread::spawn(move || read(ureq::post(&url).send_string(&request)).0)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(150));
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let statuses: Vec<u16> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    assert_eq!(statuses, vec![200; 12]);
+    let mut server = server;
+    let exit = server.child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
+}
+
+#[test]
+fn overload_answers_503_with_retry_after_and_late_requests_504() {
+    let busy = Server::start("tied-gqa", &["--max-queue", "1", "--prefix-cache-mib", "0"]);
+    let request = case("tied_long_query")["request"].to_string();
+    let url = format!("{}/v1/score", busy.url);
+    let outcomes: Vec<(u16, Option<String>, Value)> = std::thread::scope(|s| {
+        let clients: Vec<_> = (0..16)
+            .map(|_| {
+                s.spawn(|| match ureq::post(&url).send_string(&request) {
+                    Ok(r) => (r.status(), None, Value::Null),
+                    Err(ureq::Error::Status(code, r)) => (code, r.header("Retry-After").map(str::to_owned), r.into_json().unwrap()),
+                    Err(e) => panic!("{e}"),
+                })
+            })
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    assert!(outcomes.iter().any(|(status, ..)| *status == 200));
+    let refused: Vec<_> = outcomes.iter().filter(|(status, ..)| *status != 200).collect();
+    assert!(!refused.is_empty(), "16 concurrent requests never filled a queue of 1");
+    for (status, retry_after, body) in refused {
+        assert_eq!((*status, retry_after.as_deref(), body["code"].as_u64()), (503, Some("1"), Some(503)), "{body}");
+    }
+
+    let impatient = Server::start("tied-gqa", &["--request-timeout-secs", "0.000001"]);
+    let (status, body) = impatient.post("/v1/score", &request);
+    assert_eq!((status, body["object"].as_str()), (504, Some("error")), "{body}");
+}
+
+#[test]
+fn python_requests_client_works_unchanged() {
+    let server = Server::start("wide-vocab", &[]);
+    let script = fixtures().join("../python_client.py");
+    let out = Command::new("python3").arg(&script).arg(&server.url).output().expect("python3 runs");
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
