@@ -18,11 +18,17 @@ struct Server {
 }
 
 impl Server {
+    /// Serves the fixture model `model_name`.
     fn start(model_name: &str, extra: &[&str]) -> Server {
-        let model = model(model_name);
+        Server::start_with(model(model_name).to_str().unwrap(), extra, &[])
+    }
+
+    /// Serves `--model <model_arg>` with extra environment variables.
+    fn start_with(model_arg: &str, extra: &[&str], env: &[(&str, &std::path::Path)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tally"))
-            .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
+            .args(["serve", "--model", model_arg, "--port", "0"])
             .args(extra)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -314,6 +320,25 @@ fn overload_answers_503_with_retry_after_and_late_requests_504() {
     let impatient = Server::start("tied-gqa", &["--request-timeout-secs", "0.000001"]);
     let (status, body) = impatient.post("/v1/score", &request);
     assert_eq!((status, body["object"].as_str()), (504, Some("error")), "{body}");
+}
+
+/// A repo id already in the standard HF cache is served from there, with no network.
+#[test]
+fn a_hugging_face_repo_id_is_served_from_the_hf_cache_offline() {
+    let home = tempfile::tempdir().unwrap();
+    let repo = home.path().join("hub/models--tally-test--wide-vocab");
+    let snapshot = repo.join("snapshots/0123456789abcdef");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123456789abcdef").unwrap();
+    for file in ["config.json", "tokenizer.json", "model.safetensors"] {
+        std::os::unix::fs::symlink(model("wide-vocab").join(file), snapshot.join(file)).unwrap();
+    }
+    let server = Server::start_with("tally-test/wide-vocab", &[], &[("HF_HOME", home.path())]);
+    let case = case("wide_vocab_text");
+    let (status, body) = server.post("/v1/score", &case["request"].to_string());
+    assert_eq!((status, body["model"].as_str()), (200, Some("tally-test/wide-vocab")), "{body}");
+    assert_close(&scores(&body), &expected(&case), 1e-3, "served from the HF cache");
 }
 
 #[test]

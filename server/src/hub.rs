@@ -1,5 +1,6 @@
 //! Resolves `--model`: a local directory as is, or a Hugging Face repo id fetched into the
 //! standard HF cache (`HF_HOME`, `~/.cache/huggingface`) and reused from there offline.
+//! Returns the directory and the name responses carry (the directory's name, or the repo id).
 
 use std::path::{Path, PathBuf};
 
@@ -9,10 +10,11 @@ use hf_hub::Cache;
 
 const INDEX: &str = "model.safetensors.index.json";
 
-pub fn resolve_model(model: &str) -> Result<PathBuf> {
+pub fn resolve_model(model: &str) -> Result<(PathBuf, String)> {
     let local = Path::new(model);
     if local.is_dir() {
-        return Ok(local.to_owned());
+        let name = local.canonicalize().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+        return Ok((local.to_owned(), name.unwrap_or_else(|| model.to_owned())));
     }
     if model.split('/').count() != 2 || model.starts_with(['.', '/']) {
         bail!("--model {model}: no such directory, and not a Hugging Face repo id (owner/name)");
@@ -43,5 +45,5 @@ pub fn resolve_model(model: &str) -> Result<PathBuf> {
             }
         }
     }
-    Ok(config.parent().expect("a cached file has a parent directory").to_owned())
+    Ok((config.parent().expect("a cached file has a parent directory").to_owned(), model.to_owned()))
 }

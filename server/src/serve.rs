@@ -31,12 +31,12 @@ impl WithBackend for ServeArgs {
     type Output = (AppState, String);
 
     fn run<B: Backend>(self, device: B::Device) -> Result<(AppState, String)> {
-        let dir = crate::hub::resolve_model(&self.model)?;
+        let (dir, name) = crate::hub::resolve_model(&self.model)?;
         let options = ScorerOptions {
             pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() },
             prefix_cache_bytes: self.prefix_cache_mib << 20,
         };
-        let scorer = Scorer::<B>::load(&dir, &device, options).with_context(|| format!("cannot load model {}", dir.display()))?;
+        let scorer = Scorer::<B>::load(&dir, &device, options).with_context(|| format!("cannot load model {}", dir.display()))?.with_model_name(name);
         let preparer = scorer.preparer().clone();
         let rerank = http::rerank::RerankTemplate::new(&self.rerank, &preparer);
         let scheduler = Scheduler::start(scorer, SchedulerOptions { max_queue: self.max_queue, max_batch_tokens: self.max_batch_tokens });

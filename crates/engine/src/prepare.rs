@@ -20,6 +20,10 @@ impl RequestPreparer {
         RequestPreparer { tokenizer: tokenizer.map(Arc::new), limits, model_name }
     }
 
+    pub fn renamed(self, model_name: String) -> Self {
+        RequestPreparer { model_name, ..self }
+    }
+
     pub fn model_name(&self) -> &str {
         &self.model_name
     }

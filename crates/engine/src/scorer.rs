@@ -64,6 +64,12 @@ impl<B: Backend> Scorer<B> {
         })
     }
 
+    /// Names the model in responses (default: the directory's name).
+    pub fn with_model_name(mut self, name: String) -> Self {
+        self.preparer = self.preparer.renamed(name);
+        self
+    }
+
     /// Tokenization and validation for this model, shareable with other threads.
     pub fn preparer(&self) -> &RequestPreparer {
         &self.preparer
