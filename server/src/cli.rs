@@ -22,12 +22,61 @@ pub enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Write a seeded random checkpoint of a Qwen3 shape (bf16, HF layout) for benchmarks.
+    MakeModel(MakeModelArgs),
+}
+
+#[derive(Args)]
+pub struct MakeModelArgs {
+    /// One of: tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b.
+    #[arg(long)]
+    pub preset: String,
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// tokenizer.json to copy next to the weights (default: the Qwen3 tokenizer in the repo's fixtures).
+    #[arg(long, default_value = "tests/fixtures/models/wide-vocab/tokenizer.json")]
+    pub tokenizer: PathBuf,
+    /// Largest safetensors shard, in MiB.
+    #[arg(long, default_value_t = 4096)]
+    pub max_shard_mib: usize,
 }
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// Poisson load against a running server's /v1/score; prints latency percentiles and items/s.
     Load(LoadArgs),
+    /// The seed benchmark scenarios (S1, S2) through the engine: items/s, ms per item, seconds.
+    Scenario(ScenarioArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// 2,000-token static prefix + 20-token dynamic suffix, items of 20 tokens.
+    S1,
+    /// 1,900-token static prefix + 10-token dynamic suffix, items of 10 tokens.
+    S2,
+}
+
+#[derive(Args)]
+pub struct ScenarioArgs {
+    #[arg(long)]
+    pub model: PathBuf,
+    #[arg(long, value_enum)]
+    pub scenario: Scenario,
+    /// Requests to run; the first is the cold one, the rest give the warm median.
+    #[arg(long, default_value_t = 5)]
+    pub requests: usize,
+    #[arg(long, default_value_t = 500)]
+    pub items: usize,
+    #[arg(long, value_enum, default_value_t = BackendKind::default())]
+    pub backend: BackendKind,
+    #[arg(long, default_value_t = tally_core::PassBudget::default().max_tokens)]
+    pub max_batch_tokens: usize,
+    /// Where to write the JSON result.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Args)]

@@ -6,6 +6,8 @@ mod cli;
 mod http;
 mod hub;
 mod load;
+mod make_model;
+mod scenario;
 mod score;
 mod serve;
 
@@ -19,6 +21,8 @@ fn main() -> ExitCode {
         cli::Command::Score(args) => score::run(args),
         cli::Command::Serve(args) => serve::run(args),
         cli::Command::Bench(cli::BenchCommand::Load(args)) => load::run(args),
+        cli::Command::Bench(cli::BenchCommand::Scenario(args)) => scenario::run(args),
+        cli::Command::MakeModel(args) => make_model::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

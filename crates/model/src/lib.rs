@@ -4,9 +4,12 @@
 //! - [`weights`]: safetensors checkpoints, single or sharded, f32/bf16/f16.
 //! - [`qwen3`]: the model: prefill a shared query once, then score many items in one pass.
 //! - [`attention`]: multi-item attention (prefix + per-item causal) in plain Burn ops.
+//! - [`presets`] / [`random`]: Qwen3 shapes and seeded random checkpoints for benchmarks.
 
 pub mod attention;
 pub mod config;
+pub mod presets;
+pub mod random;
 pub mod qwen3;
 pub mod weights;
 

@@ -1,0 +1,195 @@
+//! Writes seeded random Qwen3 checkpoints in HF layout (bf16 safetensors, sharded when large,
+//! transformers 5.x config.json), so benchmarks run on real shapes without a download.
+//!
+//! Weights are sharp rather than std 0.02 — unit embeddings, fan-in-scaled projections, norm gains
+//! in [0.5, 1.5] — so activations and attention look like a trained model's, not like noise.
+
+use std::borrow::Cow;
+use std::path::Path;
+
+use safetensors::{Dtype, View};
+use serde_json::json;
+
+use crate::config::Qwen3Config;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("cannot write safetensors: {0}")]
+    Safetensors(#[from] safetensors::SafeTensorError),
+}
+
+/// SplitMix64: seeded, fast, and good enough for random weights.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn uniform(&mut self) -> f64 {
+        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box–Muller).
+    fn normal(&mut self) -> f64 {
+        (-2.0 * self.uniform().ln()).sqrt() * (std::f64::consts::TAU * self.uniform()).cos()
+    }
+}
+
+struct Bf16Tensor {
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl View for &Bf16Tensor {
+    fn dtype(&self) -> Dtype {
+        Dtype::BF16
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+fn tensor(shape: Vec<usize>, mut value: impl FnMut() -> f64) -> Bf16Tensor {
+    let count: usize = shape.iter().product();
+    let bytes = (0..count).flat_map(|_| half::bf16::from_f64(value()).to_le_bytes()).collect();
+    Bf16Tensor { shape, bytes }
+}
+
+/// Writes `config.json` and bf16 weights into `dir`; shards of at most `max_shard_bytes` with a
+/// `model.safetensors.index.json` when the weights do not fit in one.
+pub fn write_random_checkpoint(dir: &Path, config: &Qwen3Config, seed: u64, max_shard_bytes: usize) -> Result<(), WriteError> {
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| WriteError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let c = config;
+    let mut rng = Rng(seed);
+    let (h, d) = (c.hidden_size, c.head_dim);
+    let mut weights: Vec<(String, Bf16Tensor)> = Vec::new();
+    let mut linear = |name: String, outputs: usize, inputs: usize, gain: f64, rng: &mut Rng| {
+        let std = gain / (inputs as f64).sqrt();
+        weights.push((name, tensor(vec![outputs, inputs], || std * rng.normal())));
+    };
+    let mut plain: Vec<(String, Bf16Tensor)> = Vec::new();
+    let mut gains = |name: String, len: usize, lo: f64, hi: f64, rng: &mut Rng| plain.push((name, tensor(vec![len], || lo + (hi - lo) * rng.uniform())));
+
+    gains("model.norm.weight".into(), h, 0.5, 1.5, &mut rng);
+    for layer in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{layer}.");
+        gains(format!("{p}input_layernorm.weight"), h, 0.5, 1.5, &mut rng);
+        gains(format!("{p}post_attention_layernorm.weight"), h, 0.5, 1.5, &mut rng);
+        gains(format!("{p}self_attn.q_norm.weight"), d, 1.0, 2.0, &mut rng);
+        gains(format!("{p}self_attn.k_norm.weight"), d, 1.0, 2.0, &mut rng);
+        linear(format!("{p}self_attn.q_proj.weight"), c.num_attention_heads * d, h, 1.0, &mut rng);
+        linear(format!("{p}self_attn.k_proj.weight"), c.num_key_value_heads * d, h, 1.0, &mut rng);
+        linear(format!("{p}self_attn.v_proj.weight"), c.num_key_value_heads * d, h, 1.0, &mut rng);
+        linear(format!("{p}self_attn.o_proj.weight"), h, c.num_attention_heads * d, 1.0 / (c.num_hidden_layers as f64).sqrt(), &mut rng);
+        linear(format!("{p}mlp.gate_proj.weight"), c.intermediate_size, h, 1.0, &mut rng);
+        linear(format!("{p}mlp.up_proj.weight"), c.intermediate_size, h, 1.0, &mut rng);
+        linear(format!("{p}mlp.down_proj.weight"), h, c.intermediate_size, 1.0 / (c.num_hidden_layers as f64).sqrt(), &mut rng);
+    }
+    if !c.tie_word_embeddings {
+        linear("lm_head.weight".into(), c.vocab_size, h, 3.0, &mut rng);
+    }
+    // Tied heads scale the embeddings so logits spread about 3 units (the input side is
+    // RMS-normalised by the first layer anyway); untied ones keep unit embeddings.
+    let embed_std = if c.tie_word_embeddings { 3.0 / (h as f64).sqrt() } else { 1.0 };
+    weights.push(("model.embed_tokens.weight".into(), tensor(vec![c.vocab_size, h], || embed_std * rng.normal())));
+    weights.extend(plain);
+
+    // Greedy sharding in name order.
+    weights.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut shards: Vec<Vec<&(String, Bf16Tensor)>> = vec![Vec::new()];
+    let mut shard_bytes = 0;
+    for entry in &weights {
+        let bytes = entry.1.bytes.len();
+        if shard_bytes + bytes > max_shard_bytes && !shards.last().is_some_and(Vec::is_empty) {
+            shards.push(Vec::new());
+            shard_bytes = 0;
+        }
+        shards.last_mut().expect("at least one shard").push(entry);
+        shard_bytes += bytes;
+    }
+    let metadata = Some([("format".to_owned(), "pt".to_owned())].into_iter().collect());
+    if shards.len() == 1 {
+        let path = dir.join("model.safetensors");
+        safetensors::serialize_to_file(shards[0].iter().map(|(n, t)| (n.as_str(), t)), metadata, &path)?;
+    } else {
+        let mut weight_map = serde_json::Map::new();
+        for (i, shard) in shards.iter().enumerate() {
+            let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, shards.len());
+            safetensors::serialize_to_file(shard.iter().map(|(n, t)| (n.as_str(), t)), metadata.clone(), &dir.join(&file))?;
+            weight_map.extend(shard.iter().map(|(name, _)| (name.clone(), json!(file))));
+        }
+        let total: usize = weights.iter().map(|(_, t)| t.bytes.len()).sum();
+        let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+        let path = dir.join("model.safetensors.index.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&index).expect("JSON") + "\n").map_err(io(&path))?;
+    }
+    let path = dir.join("config.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&hf_config(c)).expect("JSON") + "\n").map_err(io(&path))?;
+    Ok(())
+}
+
+/// `config.json` in the transformers 5.x layout.
+fn hf_config(c: &Qwen3Config) -> serde_json::Value {
+    json!({
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_act": "silu",
+        "attention_bias": false,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_parameters": {"rope_theta": c.rope_theta, "rope_type": "default"},
+        "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "dtype": "bfloat16",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::Checkpoint;
+
+    #[test]
+    fn a_written_checkpoint_reads_back_whole_and_sharded() {
+        let config = crate::presets::preset("tiny").unwrap();
+        for max_shard_bytes in [usize::MAX, 1 << 20] {
+            let dir = std::env::temp_dir().join(format!("tally-random-{}-{max_shard_bytes}", std::process::id()));
+            write_random_checkpoint(&dir, &config, 7, max_shard_bytes).unwrap();
+            let read = Qwen3Config::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+            assert_eq!(read, config);
+            let checkpoint = Checkpoint::open(&dir).unwrap();
+            let gains = checkpoint.read("model.layers.1.input_layernorm.weight", &[64]).unwrap();
+            assert!(gains.iter().all(|g| (0.49..=1.51).contains(g)));
+            let embed = checkpoint.read("model.embed_tokens.weight", &[151_936, 64]).unwrap();
+            let mean_square = embed.iter().map(|v| f64::from(v * v)).sum::<f64>() / embed.len() as f64;
+            assert!((mean_square / (9.0 / 64.0) - 1.0).abs() < 0.05, "{mean_square}");
+            assert_eq!(dir.join("model.safetensors.index.json").is_file(), max_shard_bytes != usize::MAX);
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+    }
+}
