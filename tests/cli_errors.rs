@@ -50,6 +50,15 @@ fn invalid_requests_are_rejected_with_a_message() {
 }
 
 #[test]
+fn unsupported_backend_and_dtype_pairs_are_refused() {
+    let tied = model("tied-gqa");
+    let request = json!({"query": [1], "items": [[2]], "label_token_ids": [1]}).to_string();
+    let out = tally(&["score", "--model", tied.to_str().unwrap(), "--request", "-", "--dtype", "bfloat16"], &request);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--dtype bfloat16 needs --backend cuda"));
+}
+
+#[test]
 fn table_mode_rejects_labels_that_are_not_one_token() {
     let wide = model("wide-vocab");
     let out = tally(&["score", "--model", wide.to_str().unwrap(), "--query", "q", "--item", "a", "--label", "Yes please"], "");

@@ -2,7 +2,7 @@
 //! a generic dispatch into code written once over `burn::tensor::backend::Backend`.
 
 use anyhow::Result;
-use clap::ValueEnum;
+use clap::{Args, ValueEnum};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
@@ -27,29 +27,59 @@ impl Default for BackendKind {
     }
 }
 
+/// Number format of weights and activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DType {
+    Float32,
+    /// CUDA only. Not float16: Qwen3's residual stream overflows its range.
+    Bfloat16,
+}
+
+/// `--backend` and `--dtype`, shared by every command that runs the model.
+#[derive(Args, Clone, Copy, Debug)]
+pub struct DeviceArgs {
+    #[arg(long, value_enum, default_value_t = BackendKind::default())]
+    pub backend: BackendKind,
+    #[arg(long, value_enum, default_value_t = DType::Float32)]
+    pub dtype: DType,
+}
+
 /// Code generic over the backend, run with the backend the user picked.
 pub trait WithBackend {
     type Output;
     fn run<B: burn::tensor::backend::Backend>(self, device: B::Device) -> Result<Self::Output>;
 }
 
-pub fn dispatch<T: WithBackend>(kind: BackendKind, job: T) -> Result<T::Output> {
-    match kind {
+pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output> {
+    let DeviceArgs { backend, dtype } = device;
+    match (backend, dtype) {
         #[cfg(feature = "ndarray")]
-        BackendKind::Cpu => job.run::<burn::backend::NdArray<f32>>(Default::default()),
+        (BackendKind::Cpu, DType::Float32) => job.run::<burn::backend::NdArray<f32>>(Default::default()),
         #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu => on_gpu(kind, || job.run::<burn::backend::Wgpu>(Default::default())),
+        (BackendKind::Wgpu, DType::Float32) => on_gpu(backend, || job.run::<burn::backend::Wgpu<f32>>(Default::default())),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => on_gpu(kind, || job.run::<burn::backend::Cuda>(Default::default())),
-        #[allow(unreachable_patterns)]
-        other => anyhow::bail!(
-            "this tally was built without the {other:?} backend; rebuild with `--features {}`",
-            match other {
+        (BackendKind::Cuda, DType::Float32) => on_gpu(backend, || job.run::<burn::backend::Cuda<f32>>(Default::default())),
+        #[cfg(feature = "cuda")]
+        (BackendKind::Cuda, DType::Bfloat16) => on_gpu(backend, || job.run::<burn::backend::Cuda<half::bf16>>(Default::default())),
+        (backend, DType::Bfloat16) if backend.is_compiled() => anyhow::bail!("--dtype bfloat16 needs --backend cuda; {backend:?} computes in float32"),
+        (backend, _) => anyhow::bail!(
+            "this tally was built without the {backend:?} backend; rebuild with `--features {}`",
+            match backend {
                 BackendKind::Cpu => "ndarray",
                 BackendKind::Wgpu => "wgpu",
                 BackendKind::Cuda => "cuda",
             }
         ),
+    }
+}
+
+impl BackendKind {
+    fn is_compiled(self) -> bool {
+        match self {
+            BackendKind::Cpu => cfg!(feature = "ndarray"),
+            BackendKind::Wgpu => cfg!(feature = "wgpu"),
+            BackendKind::Cuda => cfg!(feature = "cuda"),
+        }
     }
 }
 

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::backend::BackendKind;
+use crate::backend::DeviceArgs;
 
 #[derive(Parser)]
 #[command(name = "tally", version, about = "Scores label tokens after query + item with a decoder LLM")]
@@ -70,8 +70,8 @@ pub struct ScenarioArgs {
     pub requests: usize,
     #[arg(long, default_value_t = 500)]
     pub items: usize,
-    #[arg(long, value_enum, default_value_t = BackendKind::default())]
-    pub backend: BackendKind,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     #[arg(long, default_value_t = tally_core::PassBudget::default().max_tokens)]
     pub max_batch_tokens: usize,
     /// Where to write the JSON result.
@@ -102,8 +102,8 @@ pub struct ScoreArgs {
     /// Score item + query instead of query + item (table mode).
     #[arg(long)]
     pub item_first: bool,
-    #[arg(long, value_enum, default_value_t = BackendKind::default())]
-    pub backend: BackendKind,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Most padded item tokens per forward pass; larger item lists are split into several passes.
     #[arg(long, default_value_t = tally_core::PassBudget::default().max_tokens)]
     pub max_batch_tokens: usize,
@@ -120,8 +120,8 @@ pub struct ServeArgs {
     /// Port to listen on; 0 picks a free one (the log says which).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    #[arg(long, value_enum, default_value_t = BackendKind::default())]
-    pub backend: BackendKind,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Most padded item tokens per forward pass.
     #[arg(long, default_value_t = tally_core::PassBudget::default().max_tokens)]
     pub max_batch_tokens: usize,

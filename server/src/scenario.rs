@@ -13,8 +13,8 @@ use crate::backend::{dispatch, BackendKind, WithBackend};
 use crate::cli::{Scenario, ScenarioArgs};
 
 pub fn run(args: ScenarioArgs) -> Result<()> {
-    let (backend, out) = (args.backend, args.out.clone());
-    let result = dispatch(backend, args)?;
+    let (device, out) = (args.device, args.out.clone());
+    let result = dispatch(device, args)?;
     if let Some(out) = out {
         std::fs::write(&out, serde_json::to_string_pretty(&result)? + "\n").with_context(|| format!("cannot write {}", out.display()))?;
     }
@@ -65,13 +65,13 @@ impl WithBackend for ScenarioArgs {
         let mut warm = seconds[1..].to_vec();
         warm.sort_by(f64::total_cmp);
         let warm_median = warm.get(warm.len() / 2).copied();
-        let device_name = device_name(self.backend);
+        let device_name = device_name(self.device.backend);
         println!(
             "scenario {:?}: {} items/request × {item_tokens} tokens, query {} tokens ({static_tokens} static) | backend {:?} | {device_name}",
             self.scenario,
             self.items,
             static_tokens + suffix_tokens,
-            self.backend
+            self.device.backend
         );
         println!("{:<12} {:>14} {:>14} {:>12}", "request", "items/s", "ms per item", "total s");
         let print = |name: &str, s: f64| println!("{name:<12} {:>14.1} {:>14.3} {:>12.3}", self.items as f64 / s, s * 1e3 / self.items as f64, s);
@@ -82,7 +82,8 @@ impl WithBackend for ScenarioArgs {
         Ok(json!({
             "benchmark": "scenario",
             "scenario": format!("{:?}", self.scenario).to_lowercase(),
-            "backend": format!("{:?}", self.backend).to_lowercase(),
+            "backend": format!("{:?}", self.device.backend).to_lowercase(),
+            "dtype": format!("{:?}", self.device.dtype).to_lowercase(),
             "device": device_name,
             "model": self.model.file_name().map(|n| n.to_string_lossy().into_owned()),
             "items_per_request": self.items,

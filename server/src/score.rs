@@ -12,8 +12,8 @@ use crate::backend::{dispatch, WithBackend};
 use crate::cli::ScoreArgs;
 
 pub fn run(args: ScoreArgs) -> Result<()> {
-    let backend = args.backend;
-    print!("{}", dispatch(backend, args)?);
+    let device = args.device;
+    print!("{}", dispatch(device, args)?);
     Ok(())
 }
 

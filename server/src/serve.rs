@@ -20,8 +20,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
-    let backend = args.backend;
-    let (state, listen) = dispatch(backend, args)?;
+    let device = args.device;
+    let (state, listen) = dispatch(device, args)?;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(serve(state, listen))
 }
