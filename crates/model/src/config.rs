@@ -73,15 +73,15 @@ impl Qwen3Config {
         };
         let heads = raw.num_attention_heads;
         let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             return invalid(format!("num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"));
         }
         let head_dim = match raw.head_dim {
             Some(dim) => dim,
-            None if raw.hidden_size % heads == 0 => raw.hidden_size / heads,
+            None if raw.hidden_size.is_multiple_of(heads) => raw.hidden_size / heads,
             None => return invalid("head_dim is missing and hidden_size is not a multiple of the heads".into()),
         };
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return invalid(format!("head_dim ({head_dim}) must be even for RoPE"));
         }
         Ok(Qwen3Config {
