@@ -43,8 +43,8 @@ struct Job {
     reply: oneshot::Sender<ScoreResult>,
 }
 
-/// Handle to the worker. Dropping it (or [`Scheduler::shutdown`]) lets the worker finish every
-/// queued request, then stop.
+/// Handle to the worker. Dropping it stops the queue, lets the worker finish every queued
+/// request, and waits for it.
 pub struct Scheduler {
     queue: Option<SyncSender<Job>>,
     worker: Option<JoinHandle<()>>,
@@ -87,23 +87,14 @@ impl Scheduler {
             }
         }
     }
-
-    /// Stops taking requests, scores everything already queued, and waits for the worker.
-    pub fn shutdown(mut self) {
-        self.stop();
-    }
-
-    fn stop(&mut self) {
-        self.queue.take();
-        if let Some(worker) = self.worker.take() {
-            let _ = worker.join();
-        }
-    }
 }
 
 impl Drop for Scheduler {
     fn drop(&mut self) {
-        self.stop();
+        self.queue.take();
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
     }
 }
 
