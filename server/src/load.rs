@@ -8,27 +8,7 @@ use anyhow::{ensure, Context, Result};
 use serde_json::json;
 
 use crate::cli::LoadArgs;
-
-/// A small deterministic generator (xorshift64*): reproducible runs without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in (0, 1].
-    fn unit(&mut self) -> f64 {
-        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-
-    fn ids(&mut self, n: usize, vocab: u64) -> Vec<u64> {
-        (0..n).map(|_| self.next() % vocab).collect()
-    }
-}
+use crate::rng::Rng;
 
 struct Outcome {
     latency: Duration,
@@ -42,7 +22,7 @@ pub fn run(args: LoadArgs) -> Result<()> {
     let models: serde_json::Value = agent.get(&format!("{base}/v1/models")).call().with_context(|| format!("cannot reach {base}/v1/models"))?.into_json()?;
     let vocab = models["data"][0]["vocab_size"].as_u64().unwrap_or(1000).max(2);
 
-    let mut rng = Rng(args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::new(args.seed);
     let (done, results) = mpsc::channel::<Outcome>();
     let start = Instant::now();
     let mut next_arrival = 0.0;

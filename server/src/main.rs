@@ -7,6 +7,7 @@ mod http;
 mod hub;
 mod load;
 mod make_model;
+mod rng;
 mod scenario;
 mod score;
 mod serve;

@@ -11,6 +11,7 @@ use tally_engine::{Scorer, ScorerOptions};
 
 use crate::backend::{dispatch, BackendKind, WithBackend};
 use crate::cli::{Scenario, ScenarioArgs};
+use crate::rng::Rng;
 
 pub fn run(args: ScenarioArgs) -> Result<()> {
     let (device, out) = (args.device, args.out.clone());
@@ -35,17 +36,8 @@ impl WithBackend for ScenarioArgs {
         let vocab = scorer.preparer().limits().vocab_size as u64;
         // "Yes" / "No" in the Qwen3 tokenizer when the vocabulary has them.
         let labels: Vec<i64> = if vocab > 9454 { vec![9454, 2753] } else { vec![0, 1] };
-        let mut rng = 0x5EED_u64;
-        let mut ids = |n: usize| -> Vec<i64> {
-            (0..n)
-                .map(|_| {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    (rng % vocab) as i64
-                })
-                .collect()
-        };
+        let mut rng = Rng::new(0);
+        let mut ids = |n: usize| rng.ids(n, vocab);
         let static_prefix = ids(static_tokens);
 
         let mut seconds = Vec::with_capacity(self.requests);
