@@ -121,12 +121,22 @@ impl<B: Backend> Scorer<B> {
                 })
                 .collect();
             let hidden = self.model.last_hidden(&groups);
+            // One sweep over the vocabulary for every row of the pass that needs full-vocab
+            // probabilities, not one per request.
+            let needs_normalizer = runs.iter().any(|run| !inputs[entries[run[0]].0].apply_softmax);
+            let normalizers = if needs_normalizer { to_host(self.model.log_normalizer(hidden.clone()))? } else { Vec::new() };
             let mut row = 0;
             for run in runs {
-                let request = entries[run[0]].0;
-                let probabilities = self.label_probabilities(hidden.clone().narrow(0, row, run.len()), inputs[request])?;
+                let input = inputs[entries[run[0]].0];
+                let logits = to_host(self.model.label_logits(hidden.clone().narrow(0, row, run.len()), &input.labels))?;
+                let rows = logits.chunks_exact(input.labels.len());
+                let probabilities: Vec<Vec<f64>> = if input.apply_softmax {
+                    rows.map(softmax).collect()
+                } else {
+                    rows.zip(&normalizers[row..]).map(|(logits, &log_z)| logits.iter().map(|&logit| (logit - log_z).exp()).collect()).collect()
+                };
                 for (&e, item_scores) in run.iter().zip(probabilities) {
-                    scores[request][entries[e].1] = item_scores;
+                    scores[entries[e].0][entries[e].1] = item_scores;
                 }
                 row += run.len();
             }
@@ -173,20 +183,6 @@ impl<B: Backend> Scorer<B> {
         self.prefix_cache.insert(query, prefix.clone());
         self.stats.prefix_cache_bytes.store(self.prefix_cache.used_bytes() as u64, Relaxed);
         prefix
-    }
-
-    fn label_probabilities(&self, hidden: Tensor<B, 2>, input: &ScoreInput) -> Result<Vec<Vec<f64>>, EngineError> {
-        let labels = input.labels.len();
-        let logits = to_host(self.model.label_logits(hidden.clone(), &input.labels))?;
-        if input.apply_softmax {
-            return Ok(logits.chunks_exact(labels).map(softmax).collect());
-        }
-        let normalizers = to_host(self.model.log_normalizer(hidden))?;
-        Ok(logits
-            .chunks_exact(labels)
-            .zip(normalizers)
-            .map(|(row, log_z)| row.iter().map(|&logit| (logit - log_z).exp()).collect())
-            .collect())
     }
 }
 
