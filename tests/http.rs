@@ -121,6 +121,22 @@ fn score_endpoint_matches_the_reference_and_the_cli() {
     }
 }
 
+/// The same fixtures through the CubeCL kernels on wgpu's default adapter (lavapipe in CI): one
+/// server per model, so kernels compile and autotune once per model.
+#[cfg(feature = "wgpu")]
+#[test]
+fn the_wgpu_backend_matches_the_reference() {
+    let cases = cases();
+    let mut models: Vec<&str> = cases.iter().map(|c| c["model"].as_str().unwrap()).collect();
+    models.dedup();
+    for model_name in models {
+        let server = Server::start(model_name, &["--backend", "wgpu"]);
+        for case in cases.iter().filter(|c| c["model"] == model_name) {
+            assert_close(&server.score(&case["request"]), &expected(case), 1e-3, &format!("wgpu, {model_name}"));
+        }
+    }
+}
+
 #[test]
 fn concurrent_clients_get_exactly_their_own_answers() {
     let server = Server::start("tied-gqa", &["--max-batch-tokens", "512"]);

@@ -1,5 +1,5 @@
 //! Backend selection: the backends compiled in (cargo features `ndarray`, `wgpu`, `cuda`) and
-//! a generic dispatch into code written once over `burn::tensor::backend::Backend`.
+//! a generic dispatch into code written once over `tally_model::ScoringBackend`.
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
@@ -47,7 +47,7 @@ pub struct DeviceArgs {
 /// Code generic over the backend, run with the backend the user picked.
 pub trait WithBackend {
     type Output;
-    fn run<B: burn::tensor::backend::Backend>(self, device: B::Device) -> Result<Self::Output>;
+    fn run<B: tally_model::ScoringBackend>(self, device: B::Device) -> Result<Self::Output>;
 }
 
 pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output> {
@@ -101,4 +101,18 @@ fn on_gpu<R>(kind: BackendKind, job: impl FnOnce() -> Result<R>) -> Result<R> {
         let reason = first_panic.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
         anyhow::bail!("the {kind:?} backend failed to start or run (is a GPU and its driver available? try --backend cpu): {reason}")
     })
+}
+
+/// What the numbers ran on: the GPU's name from nvidia-smi where there is one, else the CPU's.
+pub fn device_name(backend: BackendKind) -> String {
+    let gpu = std::process::Command::new("nvidia-smi").args(["--query-gpu=name", "--format=csv,noheader"]).output().ok();
+    let gpu = gpu.filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").trim().to_owned());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| {
+        info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|name| name.trim().to_owned())
+    });
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match (backend, gpu) {
+        (BackendKind::Cpu, _) | (_, None) => format!("{} ({threads} threads)", cpu.unwrap_or_else(|| "unknown CPU".into())),
+        (_, Some(gpu)) => gpu,
+    }
 }

@@ -49,6 +49,33 @@ pub enum BenchCommand {
     Load(LoadArgs),
     /// The seed benchmark scenarios (S1, S2) through the engine: items/s, ms per item, seconds.
     Scenario(ScenarioArgs),
+    /// One layer's multi-item attention (tally's kernel) against dense-masked attention.
+    Attention(AttentionBenchArgs),
+}
+
+/// Defaults: seed scenario 1 (2,020-token query, 500 items of 20 tokens), Qwen3-0.6B's heads.
+#[derive(Args)]
+pub struct AttentionBenchArgs {
+    #[arg(long, default_value_t = 2020)]
+    pub prefix: usize,
+    #[arg(long, default_value_t = 500)]
+    pub items: usize,
+    #[arg(long, default_value_t = 20)]
+    pub item_len: usize,
+    #[arg(long, default_value_t = 16)]
+    pub q_heads: usize,
+    #[arg(long, default_value_t = 8)]
+    pub kv_heads: usize,
+    #[arg(long, default_value_t = 128)]
+    pub head_dim: usize,
+    /// Timed runs of each variant (after one warm-up); the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub iterations: usize,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Where to write the JSON result (also printed).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

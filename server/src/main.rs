@@ -1,6 +1,7 @@
 //! `tally`: the command-line entry point. Parses arguments, picks a backend, and reports
 //! errors as one readable line on stderr with a non-zero exit status.
 
+mod attention_bench;
 mod backend;
 mod cli;
 mod http;
@@ -23,6 +24,7 @@ fn main() -> ExitCode {
         cli::Command::Serve(args) => serve::run(args),
         cli::Command::Bench(cli::BenchCommand::Load(args)) => load::run(args),
         cli::Command::Bench(cli::BenchCommand::Scenario(args)) => scenario::run(args),
+        cli::Command::Bench(cli::BenchCommand::Attention(args)) => attention_bench::run(args),
         cli::Command::MakeModel(args) => make_model::run(args),
     };
     match result {

@@ -4,12 +4,12 @@
 use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
-use burn::tensor::backend::Backend;
+use tally_model::ScoringBackend;
 use serde_json::{json, Value};
 use tally_core::{Items, PassBudget, Query, ScoreRequest};
 use tally_engine::{Scorer, ScorerOptions};
 
-use crate::backend::{dispatch, BackendKind, WithBackend};
+use crate::backend::{device_name, dispatch, WithBackend};
 use crate::cli::{Scenario, ScenarioArgs};
 use crate::rng::Rng;
 
@@ -25,7 +25,7 @@ pub fn run(args: ScenarioArgs) -> Result<()> {
 impl WithBackend for ScenarioArgs {
     type Output = Value;
 
-    fn run<B: Backend>(self, device: B::Device) -> Result<Value> {
+    fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Value> {
         let (static_tokens, suffix_tokens, item_tokens) = match self.scenario {
             Scenario::S1 => (2000, 20, 20),
             Scenario::S2 => (1900, 10, 10),
@@ -86,19 +86,5 @@ impl WithBackend for ScenarioArgs {
             "cold": row(seconds[0]),
             "warm_median": warm_median.map(row),
         }))
-    }
-}
-
-/// What the numbers ran on: the GPU's name from nvidia-smi where there is one, else the CPU's.
-fn device_name(backend: BackendKind) -> String {
-    let gpu = std::process::Command::new("nvidia-smi").args(["--query-gpu=name", "--format=csv,noheader"]).output().ok();
-    let gpu = gpu.filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").trim().to_owned());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| {
-        info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|name| name.trim().to_owned())
-    });
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    match (backend, gpu) {
-        (BackendKind::Cpu, _) | (_, None) => format!("{} ({threads} threads)", cpu.unwrap_or_else(|| "unknown CPU".into())),
-        (_, Some(gpu)) => gpu,
     }
 }

@@ -4,7 +4,7 @@
 use std::io::Read;
 
 use anyhow::{bail, Context, Result};
-use burn::tensor::backend::Backend;
+use tally_model::ScoringBackend;
 use tally_core::{Items, PassBudget, Query, ScoreRequest};
 use tally_engine::{Scorer, ScorerOptions};
 
@@ -20,7 +20,7 @@ pub fn run(args: ScoreArgs) -> Result<()> {
 impl WithBackend for ScoreArgs {
     type Output = String;
 
-    fn run<B: Backend>(self, device: B::Device) -> Result<String> {
+    fn run<B: ScoringBackend>(self, device: B::Device) -> Result<String> {
         let options = ScorerOptions { pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() }, prefix_cache_bytes: 0 };
         // A malformed request fails before a possibly large model is loaded.
         let request = self.request.as_deref().map(read_request).transpose()?;
@@ -43,7 +43,7 @@ fn read_request(path: &std::path::Path) -> Result<ScoreRequest> {
     serde_json::from_str(&text).context("invalid request")
 }
 
-fn table<B: Backend>(scorer: &mut Scorer<B>, args: &ScoreArgs) -> Result<String> {
+fn table<B: ScoringBackend>(scorer: &mut Scorer<B>, args: &ScoreArgs) -> Result<String> {
     let tokenizer = scorer.preparer().tokenizer()?;
     let mut label_ids = Vec::with_capacity(args.labels.len());
     for label in &args.labels {

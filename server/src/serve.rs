@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use burn::tensor::backend::Backend;
+use tally_model::ScoringBackend;
 use tally_core::PassBudget;
 use tally_engine::{Scheduler, SchedulerOptions, Scorer, ScorerOptions};
 
@@ -30,7 +30,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
 impl WithBackend for ServeArgs {
     type Output = (AppState, String);
 
-    fn run<B: Backend>(self, device: B::Device) -> Result<(AppState, String)> {
+    fn run<B: ScoringBackend>(self, device: B::Device) -> Result<(AppState, String)> {
         let (dir, name) = crate::hub::resolve_model(&self.model)?;
         let options = ScorerOptions {
             pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() },

@@ -1,7 +1,14 @@
 //! tally-shaders: the CubeCL kernels of tally's hot paths, for every CubeCL backend (CUDA, wgpu,
-//! WebGPU).
+//! WebGPU). They work on `burn-cubecl` tensors; `tally-model` wires them in behind its
+//! `ScoringBackend` trait, and its plain Burn path is the reference they are tested against.
 //!
-//! Planned here (issue "CubeCL kernels"): multi-item flash attention that never loads the tiles
-//! of other items, and a fused label log-softmax that streams the vocabulary. Until they land,
-//! `tally-model`'s plain Burn path (`attention.rs`) runs on every backend and is the reference
-//! these kernels will be tested against.
+//! - [`attention`]: multi-item attention over packed items (CSR offsets): each item token sees
+//!   its prefix and its own item causally; other items' tiles are never loaded.
+//! - [`label_logprobs`]: the label log-probabilities with a log-sum-exp streamed over
+//!   vocabulary chunks, label gather fused in.
+
+pub mod attention;
+pub mod label_logprobs;
+
+pub use attention::MultiItemAttention;
+pub use label_logprobs::StreamedLabelLogprobs;

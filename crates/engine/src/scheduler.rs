@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use burn::tensor::backend::Backend;
+use tally_model::ScoringBackend;
 use tally_core::ScoreInput;
 use tokio::sync::oneshot;
 
@@ -53,7 +53,7 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn start<B: Backend>(scorer: Scorer<B>, options: SchedulerOptions) -> Self
+    pub fn start<B: ScoringBackend>(scorer: Scorer<B>, options: SchedulerOptions) -> Self
     where
         Scorer<B>: Send + 'static,
     {
@@ -98,7 +98,7 @@ impl Drop for Scheduler {
     }
 }
 
-fn run_worker<B: Backend>(mut scorer: Scorer<B>, jobs: Receiver<Job>, options: SchedulerOptions) {
+fn run_worker<B: ScoringBackend>(mut scorer: Scorer<B>, jobs: Receiver<Job>, options: SchedulerOptions) {
     let stats = scorer.stats();
     // `recv` keeps returning queued jobs after the handle is dropped, so shutdown drains.
     while let Ok(first) = jobs.recv() {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse, ValidationError};
-use tally_model::{ItemGroup, LoadError, PrefixCache, Qwen3, PREFILL_CHUNK};
+use tally_model::{ItemGroup, LabelTable, LoadError, PrefixCache, Qwen3, ScoringBackend, PREFILL_CHUNK};
 
 use crate::prefix_cache::PrefixLru;
 use crate::prepare::RequestPreparer;
@@ -38,7 +38,7 @@ pub struct ScorerOptions {
 }
 
 /// A model, its tokenizer and the scoring pipeline.
-pub struct Scorer<B: Backend> {
+pub struct Scorer<B: ScoringBackend> {
     model: Qwen3<B>,
     preparer: RequestPreparer,
     options: ScorerOptions,
@@ -46,7 +46,7 @@ pub struct Scorer<B: Backend> {
     stats: Arc<EngineStats>,
 }
 
-impl<B: Backend> Scorer<B> {
+impl<B: ScoringBackend> Scorer<B> {
     /// Loads a HF-layout model directory; `tokenizer.json` is optional (token-id requests only).
     pub fn load(dir: &Path, device: &B::Device, options: ScorerOptions) -> Result<Self, EngineError> {
         let model = Qwen3::load(dir, device)?;
@@ -121,24 +121,21 @@ impl<B: Backend> Scorer<B> {
                 })
                 .collect();
             let hidden = self.model.last_hidden(&groups);
-            // One sweep over the vocabulary for every row of the pass that needs full-vocab
-            // probabilities, not one per request.
-            let needs_normalizer = runs.iter().any(|run| !inputs[entries[run[0]].0].apply_softmax);
-            let normalizers = if needs_normalizer { to_host(self.model.log_normalizer(hidden.clone()))? } else { Vec::new() };
-            let mut row = 0;
+            let row_labels: Vec<&[u32]> = runs.iter().flat_map(|run| std::iter::repeat_n(&*inputs[entries[run[0]].0].labels, run.len())).collect();
+            let labels = LabelTable::new(&row_labels);
+            // One sweep over the vocabulary serves every row of the pass: rows that want only
+            // a softmax over their labels get it from log-probabilities just as well (the
+            // normalizer cancels).
+            let full_vocab = runs.iter().any(|run| !inputs[entries[run[0]].0].apply_softmax);
+            let values = if full_vocab { self.model.label_logprobs(hidden, &labels) } else { self.model.label_logits(hidden, &labels) };
+            let values = to_host(values)?;
+            let mut rows = values.chunks_exact(labels.width());
             for run in runs {
                 let input = inputs[entries[run[0]].0];
-                let logits = to_host(self.model.label_logits(hidden.clone().narrow(0, row, run.len()), &input.labels))?;
-                let rows = logits.chunks_exact(input.labels.len());
-                let probabilities: Vec<Vec<f64>> = if input.apply_softmax {
-                    rows.map(softmax).collect()
-                } else {
-                    rows.zip(&normalizers[row..]).map(|(logits, &log_z)| logits.iter().map(|&logit| (logit - log_z).exp()).collect()).collect()
-                };
-                for (&e, item_scores) in run.iter().zip(probabilities) {
-                    scores[entries[e].0][entries[e].1] = item_scores;
+                for &e in run {
+                    let row = &rows.next().expect("one row per item")[..input.labels.len()];
+                    scores[entries[e].0][entries[e].1] = if input.apply_softmax { softmax(row) } else { row.iter().map(|v| v.exp()).collect() };
                 }
-                row += run.len();
             }
             self.stats.pass_items.observe(pass.len() as f64);
         }

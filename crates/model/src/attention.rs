@@ -1,14 +1,17 @@
 //! Multi-item attention in plain Burn ops: the reference path, and the CPU path.
 //!
-//! Items of one pass are padded to a common length `L` and laid out as `[N, L]`; they come in
-//! groups, each group sharing one prefix (the query of one request). An item row attends to
-//! (a) every key of its group's prefix and (b) its own item's keys up to itself. The two parts
-//! are computed separately, each with its log-sum-exp, and merged exactly (cascade attention),
-//! so no mask over prefix + all items is ever built: the only mask is the `L × L` causal one.
-//! Padding rows produce garbage that nobody reads; padding keys sit after every real row, so
-//! the causal mask already hides them.
+//! Items arrive packed (`[tokens, heads, head_dim]`, see [`ItemLayout`]); this path pads them
+//! to a common length `L` as `[N, L]` and back. Items come in groups, each group sharing one
+//! prefix (the query of one request). An item row attends to (a) every key of its group's
+//! prefix and (b) its own item's keys up to itself. The two parts are computed separately,
+//! each with its log-sum-exp, and merged exactly (cascade attention), so no mask over
+//! prefix + all items is ever built: the only mask is the `L × L` causal one. Padding rows
+//! produce garbage that nobody reads; padding keys sit after every real row, so the causal
+//! mask already hides them.
 
-use burn::tensor::{backend::Backend, Tensor, TensorData};
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+
+use crate::layout::ItemLayout;
 
 /// K/V of a shared prefix for one layer, `[kv_heads, prefix_len, head_dim]`, RoPE applied.
 #[derive(Clone, Debug)]
@@ -33,10 +36,41 @@ struct Partial<B: Backend> {
     lse: Tensor<B, 4>,
 }
 
+/// `queries`: `[tokens, q_heads, head_dim]`; `keys`/`values`: `[tokens, kv_heads, head_dim]`,
+/// packed as `layout` says; `prefixes[g]` is group `g`'s prefix. Returns `[tokens, q_heads, head_dim]`.
+pub fn multi_item_attention<B: Backend>(
+    queries: Tensor<B, 3>,
+    keys: Tensor<B, 3>,
+    values: Tensor<B, 3>,
+    prefixes: &[&PrefixKv<B>],
+    layout: &ItemLayout,
+) -> Tensor<B, 3> {
+    let [tokens, q_heads, head_dim] = queries.dims();
+    let (items, len) = (layout.items(), layout.max_item_len());
+    let device = queries.device();
+    // Padded slot (n, k) reads packed row offsets[n] + min(k, len_n − 1).
+    let padded_rows: Vec<i64> = (0..items)
+        .flat_map(|n| (0..len).map(move |k| (layout.offsets()[n] + k.min(layout.item_len(n) - 1)) as i64))
+        .collect();
+    let packed_rows: Vec<i64> = (0..items).flat_map(|n| (0..layout.item_len(n)).map(move |k| (n * len + k) as i64)).collect();
+    let index = |rows: Vec<i64>| {
+        let count = rows.len();
+        Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [count]), &device)
+    };
+    let padded_rows = index(padded_rows);
+    let pad = |t: Tensor<B, 3>| {
+        let heads = t.dims()[1];
+        t.select(0, padded_rows.clone()).reshape([items, len, heads, head_dim])
+    };
+    let groups: Vec<(&PrefixKv<B>, usize)> = prefixes.iter().copied().zip(layout.group_sizes()).collect();
+    let padded = padded_attention(pad(queries), pad(keys), pad(values), &groups);
+    padded.reshape([items * len, q_heads, head_dim]).select(0, index(packed_rows)).reshape([tokens, q_heads, head_dim])
+}
+
 /// `queries`: `[N, L, q_heads, head_dim]`; `keys`/`values`: `[N, L, kv_heads, head_dim]`.
 /// `groups`: consecutive runs of items and the prefix they share, covering all `N` items.
 /// Returns `[N, L, q_heads * head_dim]`.
-pub fn multi_item_attention<B: Backend>(
+fn padded_attention<B: Backend>(
     queries: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     values: Tensor<B, 4>,

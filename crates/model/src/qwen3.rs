@@ -6,8 +6,11 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::{activation::silu, backend::Backend, Int, Tensor, TensorData};
 
-use crate::attention::{multi_item_attention, PrefixKv};
+use crate::attention::PrefixKv;
+use crate::backend::ScoringBackend;
 use crate::config::{ConfigError, Qwen3Config};
+use crate::layout::ItemLayout;
+use crate::lm_head::{self, LabelTable};
 use crate::weights::{Checkpoint, WeightsError};
 
 #[derive(Debug, thiserror::Error)]
@@ -23,9 +26,6 @@ pub enum LoadError {
 /// Query tokens per prefill chunk. A prefix cached at a multiple of this length resumes with
 /// the same chunk boundaries as a fresh prefill, so a cache hit is bit-identical to a miss.
 pub const PREFILL_CHUNK: usize = 512;
-
-/// Vocabulary rows per chunk of the full-vocabulary log-sum-exp: `[items, chunk]` logits at a time.
-const VOCAB_CHUNK: usize = 16_384;
 
 pub struct Qwen3<B: Backend> {
     config: Qwen3Config,
@@ -92,7 +92,7 @@ impl<B: Backend> PrefixCache<B> {
     }
 }
 
-impl<B: Backend> Qwen3<B> {
+impl<B: ScoringBackend> Qwen3<B> {
     /// Loads a HF-layout directory: `config.json` plus `model.safetensors` or a sharded index.
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self, LoadError> {
         let config_path = dir.join("config.json");
@@ -192,7 +192,8 @@ impl<B: Backend> Qwen3<B> {
         let mut cache = prefix;
         for chunk in tokens.chunks(PREFILL_CHUNK) {
             let mut chunk_kv = Vec::with_capacity(self.layers.len());
-            self.forward(chunk, 1, chunk.len(), &[(&cache, 1)], Some(&mut chunk_kv));
+            let layout = ItemLayout::new([(cache.len(), &[chunk.len()][..])]);
+            self.forward(chunk, &layout, &[&cache], Some(&mut chunk_kv));
             cache = cache.extended(chunk_kv, chunk.len());
         }
         cache
@@ -202,87 +203,58 @@ impl<B: Backend> Qwen3<B> {
     /// group order. Item token `k` sits at position `prefix.len() + k` and sees its group's
     /// prefix and its own item only. Groups of different requests share the pass's matmuls.
     pub fn last_hidden(&self, groups: &[ItemGroup<'_, B>]) -> Tensor<B, 2> {
-        let items: Vec<&[u32]> = groups.iter().flat_map(|g| g.items.iter().copied()).collect();
-        let len = items.iter().map(|item| item.len()).max().unwrap_or(0);
-        // Padded with token 0; padding rows are never read and padding keys are causally hidden.
-        let grid: Vec<u32> = items.iter().flat_map(|item| item.iter().copied().chain(std::iter::repeat(0)).take(len)).collect();
-        let runs: Vec<(&PrefixCache<B>, usize)> = groups.iter().map(|g| (g.prefix, g.items.len())).collect();
-        let hidden = self.forward(&grid, items.len(), len, &runs, None);
-        let last_rows: Vec<i64> = items.iter().enumerate().map(|(n, item)| (n * len + item.len() - 1) as i64).collect();
-        let last_rows = Tensor::<B, 1, Int>::from_data(TensorData::new(last_rows, [items.len()]), &self.device());
+        let lens: Vec<Vec<usize>> = groups.iter().map(|g| g.items.iter().map(|item| item.len()).collect()).collect();
+        let layout = ItemLayout::new(groups.iter().zip(&lens).map(|(g, lens)| (g.prefix.len(), lens.as_slice())));
+        let tokens: Vec<u32> = groups.iter().flat_map(|g| g.items.iter().flat_map(|item| item.iter().copied())).collect();
+        let prefixes: Vec<&PrefixCache<B>> = groups.iter().map(|g| g.prefix).collect();
+        let hidden = self.forward(&tokens, &layout, &prefixes, None);
+        let last_rows: Vec<i64> = layout.last_rows().into_iter().map(|row| row as i64).collect();
+        let last_rows = Tensor::<B, 1, Int>::from_data(TensorData::new(last_rows, [layout.items()]), &self.device());
         rms_norm(hidden.select(0, last_rows), &self.final_norm, self.config.rms_norm_eps)
     }
 
-    /// Logits of the given labels only, `[items, labels]`.
-    pub fn label_logits(&self, hidden: Tensor<B, 2>, labels: &[u32]) -> Tensor<B, 2> {
-        let labels: Vec<i64> = labels.iter().map(|&id| id as i64).collect();
-        let labels = Tensor::<B, 1, Int>::from_data(TensorData::new(labels.clone(), [labels.len()]), &self.device());
-        hidden.matmul(self.head().select(0, labels).transpose())
+    /// Logits of each row's labels, `[rows, labels.width()]`.
+    pub fn label_logits(&self, hidden: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
+        lm_head::label_logits(hidden, self.head(), labels.to_tensor(&self.device()))
     }
 
-    /// `log Σ_v exp(logit_v)` over the full vocabulary, `[items]`, streamed over vocabulary
-    /// chunks so `[items, vocab]` never exists at once.
-    pub fn log_normalizer(&self, hidden: Tensor<B, 2>) -> Tensor<B, 1> {
-        let items = hidden.dims()[0];
-        let mut running: Option<(Tensor<B, 2>, Tensor<B, 2>)> = None; // (max, Σ exp(logit − max))
-        for start in (0..self.config.vocab_size).step_by(VOCAB_CHUNK) {
-            let chunk = VOCAB_CHUNK.min(self.config.vocab_size - start);
-            let logits = hidden.clone().matmul(self.head().narrow(0, start, chunk).transpose());
-            let chunk_max = logits.clone().max_dim(1);
-            running = Some(match running {
-                None => (chunk_max.clone(), (logits - chunk_max).exp().sum_dim(1)),
-                Some((max, sum)) => {
-                    let new_max = max.clone().max_pair(chunk_max);
-                    let sum = sum * (max - new_max.clone()).exp() + (logits - new_max.clone()).exp().sum_dim(1);
-                    (new_max, sum)
-                }
-            });
-        }
-        let (max, sum) = running.expect("vocab_size > 0");
-        (max + sum.log()).reshape([items])
+    /// Full-vocabulary log-probabilities of each row's labels, `[rows, labels.width()]`.
+    pub fn label_logprobs(&self, hidden: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
+        B::label_logprobs(hidden, self.head(), labels.to_tensor(&self.device()))
     }
 
     fn head(&self) -> Tensor<B, 2> {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens).clone()
     }
 
-    /// Runs `items × len` tokens (row-major grid) through all layers; returns `[items·len, hidden]`.
-    /// `groups` are consecutive runs of grid rows sharing a prefix; column `k` of a row sits at
-    /// position `prefix.len() + k`. With `keep_kv`, the (single) sequence's K/V per layer is
-    /// pushed there, in prefix layout.
-    fn forward(
-        &self,
-        grid: &[u32],
-        items: usize,
-        len: usize,
-        groups: &[(&PrefixCache<B>, usize)],
-        mut keep_kv: Option<&mut Vec<PrefixKv<B>>>,
-    ) -> Tensor<B, 2> {
+    /// Runs the packed tokens of `layout` through all layers; returns `[tokens, hidden]`.
+    /// `prefixes[g]` is group `g`'s prefix. With `keep_kv`, the (single) sequence's K/V per
+    /// layer is pushed there, in prefix layout.
+    fn forward(&self, tokens: &[u32], layout: &ItemLayout, prefixes: &[&PrefixCache<B>], mut keep_kv: Option<&mut Vec<PrefixKv<B>>>) -> Tensor<B, 2> {
         let c = &self.config;
         let device = self.device();
-        let ids: Vec<i64> = grid.iter().map(|&id| id as i64).collect();
-        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [grid.len()]), &device);
+        let count = tokens.len();
+        let ids: Vec<i64> = tokens.iter().map(|&id| id as i64).collect();
+        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [count]), &device);
         let mut x = self.embed_tokens.clone().select(0, ids);
-        let starts = groups.iter().map(|(prefix, count)| (prefix.len(), *count));
-        let rope = Rope::new(starts, len, c.head_dim, c.rope_theta, &device);
+        let rope = Rope::new(&layout.positions(), c.head_dim, c.rope_theta, &device);
         let (q_width, kv_width) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
 
         for (index, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(x.clone(), &layer.input_norm, c.rms_norm_eps);
             let qkv = h.matmul(layer.qkv_proj.clone());
-            let heads = |t: Tensor<B, 2>, n: usize| t.reshape([items, len, n, c.head_dim]);
+            let heads = |t: Tensor<B, 2>, n: usize| t.reshape([count, n, c.head_dim]);
             let q = heads(qkv.clone().narrow(1, 0, q_width), c.num_attention_heads);
             let k = heads(qkv.clone().narrow(1, q_width, kv_width), c.num_key_value_heads);
             let v = heads(qkv.narrow(1, q_width + kv_width, kv_width), c.num_key_value_heads);
             let q = rope.apply(rms_norm(q, &layer.q_norm, c.rms_norm_eps));
             let k = rope.apply(rms_norm(k, &layer.k_norm, c.rms_norm_eps));
             if let Some(kept) = keep_kv.as_deref_mut() {
-                let prefix_layout = |t: Tensor<B, 4>| t.reshape([len, c.num_key_value_heads, c.head_dim]).swap_dims(0, 1);
-                kept.push(PrefixKv { keys: prefix_layout(k.clone()), values: prefix_layout(v.clone()) });
+                kept.push(PrefixKv { keys: k.clone().swap_dims(0, 1), values: v.clone().swap_dims(0, 1) });
             }
-            let layer_groups: Vec<_> = groups.iter().map(|(prefix, count)| (&prefix.layers[index], *count)).collect();
-            let attended = multi_item_attention(q, k, v, &layer_groups);
-            x = x + attended.reshape([items * len, q_width]).matmul(layer.o_proj.clone());
+            let layer_prefixes: Vec<&PrefixKv<B>> = prefixes.iter().map(|prefix| &prefix.layers[index]).collect();
+            let attended = B::multi_item_attention(q, k, v, &layer_prefixes, layout);
+            x = x + attended.reshape([count, q_width]).matmul(layer.o_proj.clone());
 
             let h = rms_norm(x.clone(), &layer.post_attention_norm, c.rms_norm_eps);
             let gate_up = h.matmul(layer.gate_up_proj.clone());
@@ -294,42 +266,45 @@ impl<B: Backend> Qwen3<B> {
     }
 }
 
-/// Rotary embedding in HF's rotate-half layout, as `[items, len, 1, head_dim]` tables
-/// broadcast over heads: item rows of a run starting at position `start` cover `start..start + len`.
+/// Rotary embedding in HF's rotate-half layout, as `[tokens, 1, head_dim]` tables broadcast
+/// over heads.
 struct Rope<B: Backend> {
-    cos: Tensor<B, 4>,
-    sin: Tensor<B, 4>,
+    cos: Tensor<B, 3>,
+    sin: Tensor<B, 3>,
 }
 
 impl<B: Backend> Rope<B> {
-    /// `runs`: (start position, number of items) in row order.
-    fn new(runs: impl Iterator<Item = (usize, usize)>, len: usize, head_dim: usize, theta: f64, device: &B::Device) -> Self {
+    fn new(positions: &[usize], head_dim: usize, theta: f64, device: &B::Device) -> Self {
         let half = head_dim / 2;
-        let (mut cos, mut sin, mut items) = (Vec::new(), Vec::new(), 0);
-        for (start, count) in runs {
-            let (mut run_cos, mut run_sin) = (Vec::with_capacity(len * head_dim), Vec::with_capacity(len * head_dim));
-            for position in start..start + len {
-                // Angles in f64: at positions in the thousands, f32 angles lose the low frequencies' digits.
-                let angles: Vec<f64> = (0..half).map(|i| position as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64)).collect();
-                for _ in 0..2 {
-                    run_cos.extend(angles.iter().map(|a| a.cos() as f32));
-                    run_sin.extend(angles.iter().map(|a| a.sin() as f32));
-                }
-            }
-            for _ in 0..count {
-                cos.extend_from_slice(&run_cos);
-                sin.extend_from_slice(&run_sin);
-            }
-            items += count;
+        // Positions repeat across items (prefix_len + k): compute each distinct one once.
+        let mut distinct = positions.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let (mut cos_rows, mut sin_rows) = (Vec::new(), Vec::new());
+        for &position in &distinct {
+            // Angles in f64: at positions in the thousands, f32 angles lose the low frequencies' digits.
+            let angles: Vec<f64> = (0..half).map(|i| position as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64)).collect();
+            cos_rows.extend(angles.iter().chain(&angles).map(|a| a.cos() as f32));
+            sin_rows.extend(angles.iter().chain(&angles).map(|a| a.sin() as f32));
         }
-        let table = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, [items, len, 1, head_dim]), device);
-        Rope { cos: table(cos), sin: table(sin) }
+        let table = |rows: &[f32]| {
+            let values: Vec<f32> = positions
+                .iter()
+                .flat_map(|p| {
+                    let row = distinct.binary_search(p).expect("every position is in the table");
+                    &rows[row * head_dim..(row + 1) * head_dim]
+                })
+                .copied()
+                .collect();
+            Tensor::from_data(TensorData::new(values, [positions.len(), 1, head_dim]), device)
+        };
+        Rope { cos: table(&cos_rows), sin: table(&sin_rows) }
     }
 
-    /// `x·cos + rotate_half(x)·sin` for `x: [items, len, heads, head_dim]`.
-    fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let half = x.dims()[3] / 2;
-        let rotated = Tensor::cat(vec![x.clone().narrow(3, half, half).neg(), x.clone().narrow(3, 0, half)], 3);
+    /// `x·cos + rotate_half(x)·sin` for `x: [tokens, heads, head_dim]`.
+    fn apply(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let half = x.dims()[2] / 2;
+        let rotated = Tensor::cat(vec![x.clone().narrow(2, half, half).neg(), x.clone().narrow(2, 0, half)], 2);
         x * self.cos.clone() + rotated * self.sin.clone()
     }
 }

@@ -1,0 +1,118 @@
+//! [`ScoringBackend`] on CubeCL backends (wgpu, CUDA): the kernels of `tally-shaders`, on
+//! plain `CubeBackend`s and through Burn's fusion layer (the default `Wgpu`/`Cuda` types).
+
+use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
+use burn_ir::{InitOperationIr, OperationIr};
+use tally_shaders::{MultiItemAttention, StreamedLabelLogprobs};
+
+use crate::attention::PrefixKv;
+use crate::backend::ScoringBackend;
+use crate::layout::ItemLayout;
+use crate::lm_head::VOCAB_CHUNK;
+
+impl<R, F, I, BT> ScoringBackend for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    fn multi_item_attention(
+        queries: Tensor<Self, 3>,
+        keys: Tensor<Self, 3>,
+        values: Tensor<Self, 3>,
+        prefixes: &[&PrefixKv<Self>],
+        layout: &ItemLayout,
+    ) -> Tensor<Self, 3> {
+        let device = queries.device();
+        let [_, kv_heads, head_dim] = keys.dims();
+        // The kernel reads every group's prefix from one tensor, the prefixes end to end.
+        let mut starts = Vec::with_capacity(prefixes.len());
+        let mut total = 0;
+        for prefix in prefixes {
+            starts.push(total);
+            total += prefix.len();
+        }
+        let joined = |part: fn(&PrefixKv<Self>) -> &Tensor<Self, 3>| match prefixes {
+            [prefix] if total > 0 => part(prefix).clone(),
+            // A buffer can't be empty; one zero token nobody reads.
+            _ if total == 0 => Tensor::zeros([kv_heads, 1, head_dim], &device),
+            _ => Tensor::cat(prefixes.iter().filter(|p| !p.is_empty()).map(|p| part(p).clone()).collect(), 1),
+        };
+        let (prefix_keys, prefix_values) = (joined(|p| &p.keys), joined(|p| &p.values));
+
+        let offsets: Vec<i64> = layout.offsets().iter().map(|&o| o as i64).collect();
+        let item_prefixes: Vec<i64> = layout.item_groups().flat_map(|g| [starts[g] as i64, prefixes[g].len() as i64]).collect();
+        let int = |values: Vec<i64>, shape: Vec<usize>| Tensor::<Self, 1, Int>::from_data(TensorData::new(values, shape), &device).into_primitive();
+        let attention = MultiItemAttention {
+            queries: queries.into_primitive().tensor(),
+            keys: keys.into_primitive().tensor(),
+            values: values.into_primitive().tensor(),
+            prefix_keys: prefix_keys.into_primitive().tensor(),
+            prefix_values: prefix_values.into_primitive().tensor(),
+            item_offsets: int(offsets, vec![layout.items() + 1]),
+            item_prefixes: int(item_prefixes, vec![2 * layout.items()]),
+            max_item_len: layout.max_item_len(),
+        };
+        Tensor::from_primitive(TensorPrimitive::Float(attention.run()))
+    }
+
+    fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: Tensor<Self, 2, Int>) -> Tensor<Self, 2> {
+        let dtype = hidden.dtype();
+        let vocab = head.dims()[0];
+        let mut stream = StreamedLabelLogprobs::new(labels.into_primitive());
+        for start in (0..vocab).step_by(VOCAB_CHUNK) {
+            let chunk = VOCAB_CHUNK.min(vocab - start);
+            let logits = hidden.clone().matmul(head.clone().narrow(0, start, chunk).transpose());
+            stream.add_chunk(logits.into_primitive().tensor());
+        }
+        Tensor::from_primitive(TensorPrimitive::Float(stream.finish(dtype)))
+    }
+}
+
+/// Through fusion: settle the inputs, run the inner backend's kernels, hand the result back to
+/// the fusion stream as a fresh tensor.
+impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
+    fn multi_item_attention(
+        queries: Tensor<Self, 3>,
+        keys: Tensor<Self, 3>,
+        values: Tensor<Self, 3>,
+        prefixes: &[&PrefixKv<Self>],
+        layout: &ItemLayout,
+    ) -> Tensor<Self, 3> {
+        let client = fusion_client(&queries);
+        let prefixes: Vec<PrefixKv<B>> =
+            prefixes.iter().map(|p| PrefixKv { keys: settle(p.keys.clone()), values: settle(p.values.clone()) }).collect();
+        let prefixes: Vec<&PrefixKv<B>> = prefixes.iter().collect();
+        let output = B::multi_item_attention(settle(queries), settle(keys), settle(values), &prefixes, layout);
+        into_fusion(output, &client)
+    }
+
+    fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: Tensor<Self, 2, Int>) -> Tensor<Self, 2> {
+        let client = fusion_client(&hidden);
+        let labels = labels.into_primitive();
+        let labels = Tensor::from_primitive(labels.client.clone().resolve_tensor_int::<B>(labels));
+        into_fusion(B::label_logprobs(settle(hidden), settle(head), labels), &client)
+    }
+}
+
+fn fusion_client<B: FusionBackend, const D: usize>(tensor: &Tensor<Fusion<B>, D>) -> GlobalFusionClient<B::FusionRuntime> {
+    tensor.clone().into_primitive().tensor().client.clone()
+}
+
+/// The inner backend's tensor, after every queued operation that produces it has run.
+fn settle<B: FusionBackend, const D: usize>(tensor: Tensor<Fusion<B>, D>) -> Tensor<B, D> {
+    let primitive = tensor.into_primitive().tensor();
+    Tensor::from_primitive(TensorPrimitive::Float(primitive.client.clone().resolve_tensor_float::<B>(primitive)))
+}
+
+fn into_fusion<B: FusionBackend, const D: usize>(tensor: Tensor<B, D>, client: &GlobalFusionClient<B::FusionRuntime>) -> Tensor<Fusion<B>, D> {
+    let primitive = tensor.into_primitive().tensor();
+    let (shape, dtype) = (burn::tensor::TensorMetadata::shape(&primitive), burn::tensor::TensorMetadata::dtype(&primitive));
+    let handle = B::float_tensor_handle(primitive);
+    let init = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
+    let mut outputs = client.register(OperationStreams::default(), OperationIr::Init(init), NoOp::<B>::new());
+    Tensor::from_primitive(TensorPrimitive::Float(outputs.remove(0)))
+}
