@@ -5,15 +5,17 @@
 //! They run on wgpu's default adapter: Mesa's lavapipe in CI (`apt-get install mesa-vulkan-drivers`).
 
 use burn::backend::NdArray;
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData, TensorPrimitive};
-use burn_cubecl::{tensor::CubeTensor, CubeBackend, CubeRuntime};
+use burn::tensor::{backend::Backend, Tensor, TensorData, TensorPrimitive};
+use burn::backend::wgpu::WgpuRuntime;
+use burn_cubecl::{tensor::CubeTensor, CubeBackend, CubeRuntime, FloatElement};
 use tally_model::attention::{multi_item_attention, PrefixKv};
 use tally_model::lm_head::{label_logprobs, LabelTable};
 use tally_model::{ItemLayout, ScoringBackend};
 use tally_shaders::{MultiItemAttention, StreamedLabelLogprobs};
 
 type Reference = NdArray<f32>;
-type Gpu = CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>;
+type Wgpu<F = f32> = CubeBackend<WgpuRuntime, F, i32, u32>;
+type Gpu = Wgpu;
 
 /// Seeded uniform values in `[-scale, scale)`.
 fn random(seed: u64, count: usize, scale: f32) -> Vec<f32> {
@@ -36,13 +38,13 @@ fn host<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
     tensor.into_data().convert::<f32>().to_vec().unwrap()
 }
 
-fn cube<R: CubeRuntime, const D: usize>(tensor: Tensor<CubeBackend<R, f32, i32, u32>, D>) -> CubeTensor<R> {
+fn cube<R: CubeRuntime, F: FloatElement, const D: usize>(tensor: Tensor<CubeBackend<R, F, i32, u32>, D>) -> CubeTensor<R> {
     tensor.into_primitive().tensor()
 }
 
-fn poisoned<const D: usize>(shape: [usize; D]) -> CubeTensor<burn::backend::wgpu::WgpuRuntime> {
+fn poisoned<F: FloatElement, const D: usize>(shape: [usize; D]) -> CubeTensor<WgpuRuntime> {
     let count = shape.iter().product();
-    cube(tensor::<Gpu, D>(&vec![f32::NAN; count], shape))
+    cube(tensor::<Wgpu<F>, D>(&vec![f32::NAN; count], shape))
 }
 
 /// `max |got − expected| / max |expected|`; NaN anywhere fails.
@@ -104,8 +106,8 @@ impl Case {
         host(output)
     }
 
-    /// The kernel, called directly with a poisoned output.
-    fn kernel(&self, seed: u64) -> Vec<f32> {
+    /// The kernel in float type `F`, called directly with a poisoned output.
+    fn kernel<F: FloatElement>(&self, seed: u64) -> Vec<f32> {
         let (queries, keys, values, prefixes) = self.inputs(seed);
         let layout = self.layout();
         let (t, q, kv, d) = (layout.tokens(), self.q_heads, self.kv_heads, self.head_dim);
@@ -123,29 +125,32 @@ impl Case {
             starts.push(start);
             start += len;
         }
-        let groups: Vec<usize> = layout.item_groups().collect();
-        let item_prefixes: Vec<i64> = groups.iter().flat_map(|&g| [starts[g] as i64, self.groups[g].0 as i64]).collect();
-        let offsets: Vec<i64> = layout.offsets().iter().map(|&o| o as i64).collect();
-        let ints = |values: Vec<i64>, shape: Vec<usize>| Tensor::<Gpu, 1, Int>::from_data(TensorData::new(values, shape), &Default::default()).into_primitive();
-        let output = poisoned([t, q, d]);
+        let item_prefixes = layout.item_groups().map(|g| (starts[g], self.groups[g].0)).collect();
+        let output = poisoned::<F, 3>([t, q, d]);
         MultiItemAttention {
-            queries: cube(tensor::<Gpu, 3>(&queries, [t, q, d])),
-            keys: cube(tensor::<Gpu, 3>(&keys, [t, kv, d])),
-            values: cube(tensor::<Gpu, 3>(&values, [t, kv, d])),
-            prefix_keys: cube(tensor::<Gpu, 3>(&joined_keys, [kv, total.max(1), d])),
-            prefix_values: cube(tensor::<Gpu, 3>(&joined_values, [kv, total.max(1), d])),
-            item_offsets: ints(offsets, vec![layout.items() + 1]),
-            item_prefixes: ints(item_prefixes, vec![2 * layout.items()]),
-            max_item_len: layout.max_item_len(),
+            queries: cube(tensor::<Wgpu<F>, 3>(&queries, [t, q, d])),
+            keys: cube(tensor::<Wgpu<F>, 3>(&keys, [t, kv, d])),
+            values: cube(tensor::<Wgpu<F>, 3>(&values, [t, kv, d])),
+            prefix_keys: cube(tensor::<Wgpu<F>, 3>(&joined_keys, [kv, total.max(1), d])),
+            prefix_values: cube(tensor::<Wgpu<F>, 3>(&joined_values, [kv, total.max(1), d])),
+            item_offsets: layout.offsets().to_vec(),
+            item_prefixes,
         }
         .run_into(&output);
-        host(Tensor::<Gpu, 3>::from_primitive(TensorPrimitive::Float(output)))
+        host(Tensor::<Wgpu<F>, 3>::from_primitive(TensorPrimitive::Float(output)))
     }
 }
 
 fn check_attention(case: Case, seed: u64) {
     let name = case.name();
-    assert_close(&case.kernel(seed), &case.expected(seed), 1e-4, &name);
+    assert_close(&case.kernel::<f32>(seed), &case.expected(seed), 1e-4, &name);
+}
+
+#[test]
+fn attention_in_f16_accumulates_in_f32() {
+    // f16 inputs and output, f32 inside: only the roundings of f16 remain.
+    let case = Case { groups: vec![(700, vec![20, 65, 1]), (3, vec![17])], q_heads: 8, kv_heads: 4, head_dim: 64 };
+    assert_close(&case.kernel::<half::f16>(9), &case.expected(9), 1e-2, "f16");
 }
 
 #[test]
@@ -176,6 +181,13 @@ fn attention_query_prefill_is_one_causal_item() {
     // How the query itself runs: one item, no prefix (the first chunk) or the earlier chunks.
     check_attention(Case { groups: vec![(0, vec![300])], q_heads: 2, kv_heads: 1, head_dim: 64 }, 5);
     check_attention(Case { groups: vec![(512, vec![129])], q_heads: 2, kv_heads: 1, head_dim: 64 }, 6);
+}
+
+#[test]
+fn attention_tiles_mix_whole_items_and_pieces_of_long_ones() {
+    // 64-token tiles at GQA 2: short items share tiles, a 150-token item is cut in three and
+    // the next item shares its last piece's tile; a group boundary closes a tile.
+    check_attention(Case { groups: vec![(9, vec![3, 150, 5, 30, 64, 1]), (4, vec![2, 2])], q_heads: 4, kv_heads: 2, head_dim: 16 }, 8);
 }
 
 #[test]
@@ -215,7 +227,7 @@ fn label_logprobs_stream_the_vocabulary() {
         let chunk = tally_model::lm_head::VOCAB_CHUNK.min(vocab - start);
         stream.add_chunk(cube(gpu_hidden.clone().matmul(gpu_head.clone().narrow(0, start, chunk).transpose())));
     }
-    let output = poisoned([rows, labels.width()]);
+    let output = poisoned::<f32, 2>([rows, labels.width()]);
     stream.finish_into(&output);
     let got = host(Tensor::<Gpu, 2>::from_primitive(TensorPrimitive::Float(output)));
     assert_close(&got, &expected, 1e-4, "label log-probabilities");

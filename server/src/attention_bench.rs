@@ -31,7 +31,7 @@ impl WithBackend for AttentionBenchArgs {
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Value> {
         let a = &self;
         ensure!(a.items > 0 && a.item_len > 0 && a.iterations > 0, "--items, --item-len and --iterations must be positive");
-        ensure!(a.kv_heads > 0 && a.q_heads % a.kv_heads == 0, "--q-heads must be a multiple of --kv-heads");
+        ensure!(a.kv_heads > 0 && a.q_heads.is_multiple_of(a.kv_heads), "--q-heads must be a multiple of --kv-heads");
         let (tokens, group) = (a.items * a.item_len, a.q_heads / a.kv_heads);
         let mut rng = Rng::new(1);
         let mut random = |shape: [usize; 3]| -> Tensor<B, 3> {

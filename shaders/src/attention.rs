@@ -1,49 +1,52 @@
 //! Multi-item attention: every item token attends to its own request's prefix (the query) and,
 //! causally, to its own item — never to another item.
 //!
-//! Tokens are packed (no padding) and items are given as CSR offsets. One cube takes one tile
-//! of consecutive tokens of one item and one KV head; each unit owns one (token, query head)
-//! row and keeps its running max, sum and output in registers (online softmax). The cube walks
-//! the key tiles it may see — the item's prefix, then its own item up to the tile's last
-//! token — staging each in shared memory once for all its rows. Keys of other items, and own
-//! keys after the tile, are never loaded: masked tiles cost nothing.
+//! Tokens are packed (no padding), items given by CSR offsets. The host cuts the tokens into
+//! tiles of consecutive items that share a prefix (a long item is split over several tiles);
+//! one cube takes one tile and one KV head, and each unit owns one (token, query head) row,
+//! keeping its running max, sum and output in registers (online softmax). The cube walks the
+//! key tiles its rows may see — the shared prefix once for all of them, then the tile's own
+//! items up to its last token — staging each in shared memory. Keys of items outside the tile,
+//! and own keys after it, are never loaded: masked tiles cost nothing.
 
+use burn_backend::{DType, Shape, TensorMetadata};
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
-use burn_backend::TensorMetadata;
 
 /// Keys staged in shared memory per step. K and V take 2 · 16 · head_dim · 4 B: 16 KiB at
 /// head_dim 128, WebGPU's default workgroup-storage limit, so it fits every adapter.
 const KEY_TILE: usize = 16;
 
-/// Units per cube: `tokens_per_cube × group` rows.
-const ROWS_PER_CUBE: usize = 64;
+/// Units per cube: `tokens per tile × group` rows.
+const ROWS_PER_CUBE: usize = 128;
+
+/// Most cubes along one grid dimension every runtime accepts.
+const MAX_CUBES_PER_DIM: usize = 65_535;
 
 /// Below any real score, and finite: WGSL cannot spell −∞.
 const NO_SCORE: f32 = -1.0e30;
 
-/// The tensors of one multi-item attention call.
+/// The inputs of one multi-item attention call.
 ///
 /// - `queries`: `[tokens, q_heads, head_dim]`; `keys`, `values`: `[tokens, kv_heads, head_dim]`
 ///   (the items' own K/V, packed like the queries).
 /// - `prefix_keys`, `prefix_values`: `[kv_heads, prefix_tokens, head_dim]`, the prefixes of
-///   every group of the call one after the other (at least one token; pad an empty one).
-/// - `item_offsets`: `[items + 1]` integers, item `i` owns tokens `offsets[i]..offsets[i + 1]`.
-/// - `item_prefixes`: `[2 · items]` integers, (first token, length) of item `i`'s prefix.
+///   every request of the call one after the other (at least one token; pad an empty one).
+/// - `item_offsets`: item `i` owns tokens `item_offsets[i]..item_offsets[i + 1]`.
+/// - `item_prefixes`: (first token, length) of item `i`'s prefix in `prefix_keys`/`values`;
+///   items that share a prefix are adjacent.
 pub struct MultiItemAttention<R: CubeRuntime> {
     pub queries: CubeTensor<R>,
     pub keys: CubeTensor<R>,
     pub values: CubeTensor<R>,
     pub prefix_keys: CubeTensor<R>,
     pub prefix_values: CubeTensor<R>,
-    pub item_offsets: CubeTensor<R>,
-    pub item_prefixes: CubeTensor<R>,
-    /// Tokens of the longest item: sizes the launch grid.
-    pub max_item_len: usize,
+    pub item_offsets: Vec<usize>,
+    pub item_prefixes: Vec<(usize, usize)>,
 }
 
 impl<R: CubeRuntime> MultiItemAttention<R> {
@@ -59,70 +62,89 @@ impl<R: CubeRuntime> MultiItemAttention<R> {
     pub fn run_into(self, output: &CubeTensor<R>) {
         let [tokens, q_heads, head_dim] = self.queries.shape().dims::<3>();
         let kv_heads = self.keys.shape()[1];
-        let items = self.item_offsets.shape()[0] - 1;
         assert!(q_heads % kv_heads == 0, "query heads ({q_heads}) must be a multiple of KV heads ({kv_heads})");
+        assert_eq!(self.item_offsets.last().copied(), Some(tokens), "item offsets must cover the tokens");
+        assert_eq!(self.item_prefixes.len() + 1, self.item_offsets.len(), "one prefix per item");
         assert!(output.is_contiguous(), "the attention output must be contiguous");
-        if tokens == 0 || items == 0 {
+        if tokens == 0 {
             return;
         }
         let group = q_heads / kv_heads;
-        let tokens_per_cube = (ROWS_PER_CUBE / group).max(1);
-        let tiles_per_item = self.max_item_len.div_ceil(tokens_per_cube);
+        let tokens_per_tile = (ROWS_PER_CUBE / group).max(1);
+        let (tiles, item_starts) = tiles(&self.item_offsets, &self.item_prefixes, tokens_per_tile);
+        let tile_count = tiles.len() / 4;
         let client = self.queries.client.clone();
-        let dtypes = [self.queries.dtype.into(), self.item_offsets.dtype.into()];
+        let device = self.queries.device.clone();
+        let dtype = self.queries.dtype;
+        let upload = |values: Vec<u32>| {
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            CubeTensor::new_contiguous(client.clone(), device.clone(), Shape::new([values.len()]), client.create_from_slice(&bytes), DType::U32)
+        };
+        let columns = tile_count.min(MAX_CUBES_PER_DIM);
         multi_item_attention_kernel::launch::<R>(
             &client,
-            CubeCount::Static(items as u32, tiles_per_item as u32, kv_heads as u32),
-            CubeDim::new_1d((tokens_per_cube * group) as u32),
+            CubeCount::Static(columns as u32, tile_count.div_ceil(columns) as u32, kv_heads as u32),
+            CubeDim::new_1d((tokens_per_tile * group) as u32),
             into_contiguous(self.queries).into_tensor_arg(),
             into_contiguous(self.keys).into_tensor_arg(),
             into_contiguous(self.values).into_tensor_arg(),
             into_contiguous(self.prefix_keys).into_tensor_arg(),
             into_contiguous(self.prefix_values).into_tensor_arg(),
-            into_contiguous(self.item_offsets).into_tensor_arg(),
-            into_contiguous(self.item_prefixes).into_tensor_arg(),
+            upload(tiles).into_tensor_arg(),
+            upload(item_starts).into_tensor_arg(),
             output.clone().into_tensor_arg(),
             (head_dim as f32).powf(-0.5),
             head_dim,
             group,
-            tokens_per_cube,
-            dtypes,
+            dtype.into(),
         );
     }
 }
 
+/// Cuts the items into tiles of at most `tokens_per_tile` tokens: whole consecutive items with
+/// the same prefix, or one piece of an item longer than a tile. Returns the tiles as
+/// `[first token, end token, prefix start, prefix length]` each, and every token's item start.
+fn tiles(item_offsets: &[usize], item_prefixes: &[(usize, usize)], tokens_per_tile: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut tiles: Vec<[usize; 4]> = Vec::new();
+    let mut item_starts = Vec::with_capacity(item_offsets.last().copied().unwrap_or(0));
+    for (item, &(prefix_start, prefix_len)) in item_prefixes.iter().enumerate() {
+        let (start, end) = (item_offsets[item], item_offsets[item + 1]);
+        item_starts.extend(std::iter::repeat_n(start as u32, end - start));
+        match tiles.last_mut() {
+            // Joins the open tile: same prefix and room for the whole item.
+            Some(tile) if tile[2..] == [prefix_start, prefix_len] && tile[1] == start && end - tile[0] <= tokens_per_tile => tile[1] = end,
+            _ => tiles.extend((start..end).step_by(tokens_per_tile).map(|first| [first, (first + tokens_per_tile).min(end), prefix_start, prefix_len])),
+        }
+    }
+    (tiles.into_iter().flatten().map(|v| v as u32).collect(), item_starts)
+}
+
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn multi_item_attention_kernel<F: Float, I: Numeric>(
+fn multi_item_attention_kernel<F: Float>(
     queries: &Tensor<F>,
     keys: &Tensor<F>,
     values: &Tensor<F>,
     prefix_keys: &Tensor<F>,
     prefix_values: &Tensor<F>,
-    item_offsets: &Tensor<I>,
-    item_prefixes: &Tensor<I>,
+    tiles: &Tensor<u32>,
+    item_starts: &Tensor<u32>,
     output: &mut Tensor<F>,
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] group: usize,
-    #[comptime] tokens_per_cube: usize,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F)] _dtype: StorageType,
 ) {
-    let item = CUBE_POS_X as usize;
-    let kv_head = CUBE_POS_Z as usize;
-    let item_start = u32::cast_from(item_offsets[item]) as usize;
-    let item_end = u32::cast_from(item_offsets[item + 1]) as usize;
-    let tile_start = item_start + CUBE_POS_Y as usize * tokens_per_cube;
-    // Uniform over the cube: a tile past its item's end has nothing to do.
-    if tile_start >= item_end {
+    let tile = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    // Uniform over the cube: the grid's last row may run past the tiles.
+    if tile * 4 >= tiles.len() {
         terminate!();
     }
-    let mut tile_end = tile_start + tokens_per_cube;
-    if tile_end > item_end {
-        tile_end = item_end;
-    }
-    let prefix_start = u32::cast_from(item_prefixes[item * 2]) as usize;
-    let prefix_len = u32::cast_from(item_prefixes[item * 2 + 1]) as usize;
+    let kv_head = CUBE_POS_Z as usize;
+    let tile_start = tiles[tile * 4] as usize;
+    let tile_end = tiles[tile * 4 + 1] as usize;
+    let prefix_start = tiles[tile * 4 + 2] as usize;
+    let prefix_len = tiles[tile * 4 + 3] as usize;
     let prefix_tokens = prefix_keys.shape(1);
     let kv_heads = keys.shape(1);
     let q_heads = kv_heads * group;
@@ -131,8 +153,13 @@ fn multi_item_attention_kernel<F: Float, I: Numeric>(
     let token = tile_start + unit / group;
     let q_head = kv_head * group + unit % group;
     let active = token < tile_end;
-    // Own keys this row may see: the item's tokens up to itself.
-    let position = token - item_start;
+    // Own keys run from the tile's first item start (earlier for a piece of a long item) to
+    // the tile's end; a row sees those from its own item's start up to itself.
+    let own_start = item_starts[tile_start] as usize;
+    let mut row_item_start = own_start;
+    if active {
+        row_item_start = item_starts[token] as usize;
+    }
 
     let mut query = Array::<f32>::new(head_dim);
     let mut acc = Array::<f32>::new(head_dim);
@@ -151,8 +178,7 @@ fn multi_item_attention_kernel<F: Float, I: Numeric>(
     let mut tile_keys = SharedMemory::<f32>::new(KEY_TILE * head_dim);
     let mut tile_values = SharedMemory::<f32>::new(KEY_TILE * head_dim);
     let prefix_tiles = prefix_len.div_ceil(KEY_TILE);
-    // The cube's last row sees `tile_end - item_start` own keys; later tiles are never loaded.
-    let own_len = tile_end - item_start;
+    let own_len = tile_end - own_start;
     let own_tiles = own_len.div_ceil(KEY_TILE);
 
     for step in 0..prefix_tiles + own_tiles {
@@ -178,7 +204,7 @@ fn multi_item_attention_kernel<F: Float, I: Numeric>(
                 tile_keys[index] = f32::cast_from(prefix_keys[source]);
                 tile_values[index] = f32::cast_from(prefix_values[source]);
             } else {
-                let source = ((item_start + key) * kv_heads + kv_head) * head_dim + e;
+                let source = ((own_start + key) * kv_heads + kv_head) * head_dim + e;
                 tile_keys[index] = f32::cast_from(keys[source]);
                 tile_values[index] = f32::cast_from(values[source]);
             }
@@ -187,17 +213,24 @@ fn multi_item_attention_kernel<F: Float, I: Numeric>(
         sync_cube();
 
         if active {
-            let mut visible = count;
+            // Visible keys of this step: `from..to`, all of a prefix step, and of an own step
+            // those in `row_item_start..=token`.
+            let mut from = 0;
+            let mut to = count;
             if !in_prefix {
-                visible = 0;
-                if position >= first {
-                    visible = position - first + 1;
-                    if visible > count {
-                        visible = count;
+                let step_start = own_start + first;
+                if row_item_start > step_start {
+                    from = row_item_start - step_start;
+                }
+                to = 0;
+                if token >= step_start {
+                    to = token - step_start + 1;
+                    if to > count {
+                        to = count;
                     }
                 }
             }
-            for j in 0..visible {
+            for j in from..to {
                 let base = j * head_dim;
                 let mut score = f32::new(0.0);
                 #[unroll]

@@ -172,7 +172,7 @@ fn vocab_chunk_kernel<F: Float, I: Numeric>(
 
 #[cube(launch)]
 fn finish_kernel<F: Float>(running_max: &Tensor<f32>, running_sum: &Tensor<f32>, label_logits: &Tensor<f32>, output: &mut Tensor<F>, width: u32, #[define(F)] _dtype: StorageType) {
-    let index = ABSOLUTE_POS as usize;
+    let index = ABSOLUTE_POS;
     if index < output.len() {
         let row = index / width as usize;
         let log_normalizer = running_max[row] + f32::ln(running_sum[row]);

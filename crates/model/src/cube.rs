@@ -1,7 +1,7 @@
 //! [`ScoringBackend`] on CubeCL backends (wgpu, CUDA): the kernels of `tally-shaders`, on
 //! plain `CubeBackend`s and through Burn's fusion layer (the default `Wgpu`/`Cuda` types).
 
-use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{Int, Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr};
@@ -43,18 +43,14 @@ where
         };
         let (prefix_keys, prefix_values) = (joined(|p| &p.keys), joined(|p| &p.values));
 
-        let offsets: Vec<i64> = layout.offsets().iter().map(|&o| o as i64).collect();
-        let item_prefixes: Vec<i64> = layout.item_groups().flat_map(|g| [starts[g] as i64, prefixes[g].len() as i64]).collect();
-        let int = |values: Vec<i64>, shape: Vec<usize>| Tensor::<Self, 1, Int>::from_data(TensorData::new(values, shape), &device).into_primitive();
         let attention = MultiItemAttention {
             queries: queries.into_primitive().tensor(),
             keys: keys.into_primitive().tensor(),
             values: values.into_primitive().tensor(),
             prefix_keys: prefix_keys.into_primitive().tensor(),
             prefix_values: prefix_values.into_primitive().tensor(),
-            item_offsets: int(offsets, vec![layout.items() + 1]),
-            item_prefixes: int(item_prefixes, vec![2 * layout.items()]),
-            max_item_len: layout.max_item_len(),
+            item_offsets: layout.offsets().to_vec(),
+            item_prefixes: layout.item_groups().map(|g| (starts[g], prefixes[g].len())).collect(),
         };
         Tensor::from_primitive(TensorPrimitive::Float(attention.run()))
     }
