@@ -62,7 +62,7 @@ impl<R: CubeRuntime> MultiItemAttention<R> {
     pub fn run_into(self, output: &CubeTensor<R>) {
         let [tokens, q_heads, head_dim] = self.queries.shape().dims::<3>();
         let kv_heads = self.keys.shape()[1];
-        assert!(q_heads % kv_heads == 0, "query heads ({q_heads}) must be a multiple of KV heads ({kv_heads})");
+        assert!(q_heads.is_multiple_of(kv_heads), "query heads ({q_heads}) must be a multiple of KV heads ({kv_heads})");
         assert_eq!(self.item_offsets.last().copied(), Some(tokens), "item offsets must cover the tokens");
         assert_eq!(self.item_prefixes.len() + 1, self.item_offsets.len(), "one prefix per item");
         assert!(output.is_contiguous(), "the attention output must be contiguous");
