@@ -98,6 +98,19 @@ fn case(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixtures().join(format!("cases/{name}.json"))).unwrap()).unwrap()
 }
 
+/// The fixture cases grouped by the model they run on, in file order.
+fn cases_by_model(cases: &[Value]) -> Vec<(&str, Vec<&Value>)> {
+    let mut groups: Vec<(&str, Vec<&Value>)> = Vec::new();
+    for case in cases {
+        let model = case["model"].as_str().unwrap();
+        match groups.iter_mut().find(|(name, _)| *name == model) {
+            Some((_, group)) => group.push(case),
+            None => groups.push((model, vec![case])),
+        }
+    }
+    groups
+}
+
 fn expected(case: &Value) -> Vec<Vec<f64>> {
     serde_json::from_value(case["expected_scores"].clone()).unwrap()
 }
@@ -105,11 +118,9 @@ fn expected(case: &Value) -> Vec<Vec<f64>> {
 #[test]
 fn score_endpoint_matches_the_reference_and_the_cli() {
     let cases = cases();
-    let mut models: Vec<&str> = cases.iter().map(|c| c["model"].as_str().unwrap()).collect();
-    models.dedup();
-    for model_name in models {
+    for (model_name, model_cases) in cases_by_model(&cases) {
         let server = Server::start(model_name, &[]);
-        for case in cases.iter().filter(|c| c["model"] == model_name) {
+        for case in model_cases {
             let (status, body) = server.post("/v1/score", &case["request"].to_string());
             assert_eq!(status, 200, "{body}");
             assert_close(&scores(&body), &expected(case), 1e-3, model_name);
@@ -127,11 +138,9 @@ fn score_endpoint_matches_the_reference_and_the_cli() {
 #[test]
 fn the_wgpu_backend_matches_the_reference() {
     let cases = cases();
-    let mut models: Vec<&str> = cases.iter().map(|c| c["model"].as_str().unwrap()).collect();
-    models.dedup();
-    for model_name in models {
+    for (model_name, model_cases) in cases_by_model(&cases) {
         let server = Server::start(model_name, &["--backend", "wgpu"]);
-        for case in cases.iter().filter(|c| c["model"] == model_name) {
+        for case in model_cases {
             assert_close(&server.score(&case["request"]), &expected(case), 1e-3, &format!("wgpu, {model_name}"));
         }
     }

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use burn::tensor::{activation::softmax, backend::Backend, ElementConversion, Tensor, TensorData};
 use serde_json::{json, Value};
 use tally_model::attention::PrefixKv;
@@ -19,10 +19,7 @@ pub fn run(args: AttentionBenchArgs) -> Result<()> {
     let (device, out) = (args.device, args.out.clone());
     let result = dispatch(device, args)?;
     println!("{}", serde_json::to_string_pretty(&result)?);
-    if let Some(out) = out {
-        std::fs::write(&out, serde_json::to_string_pretty(&result)? + "\n").with_context(|| format!("cannot write {}", out.display()))?;
-    }
-    Ok(())
+    crate::report::write_json(out.as_deref(), &result)
 }
 
 impl WithBackend for AttentionBenchArgs {

@@ -69,8 +69,5 @@ pub fn run(args: LoadArgs) -> Result<()> {
     println!("requests: {sent} sent, {ok} ok, {} failed in {wall:.1} s", sent - ok);
     println!("latency ms: p50 {:.1}  p90 {:.1}  p99 {:.1}", percentile(0.5), percentile(0.9), percentile(0.99));
     println!("throughput: {:.1} items/s", summary["items_per_second"].as_f64().unwrap_or(0.0));
-    if let Some(out) = &args.out {
-        std::fs::write(out, serde_json::to_string_pretty(&summary)? + "\n").with_context(|| format!("cannot write {}", out.display()))?;
-    }
-    Ok(())
+    crate::report::write_json(args.out.as_deref(), &summary)
 }

@@ -8,6 +8,7 @@ mod http;
 mod hub;
 mod load;
 mod make_model;
+mod report;
 mod rng;
 mod scenario;
 mod score;

@@ -16,10 +16,7 @@ use crate::rng::Rng;
 pub fn run(args: ScenarioArgs) -> Result<()> {
     let (device, out) = (args.device, args.out.clone());
     let result = dispatch(device, args)?;
-    if let Some(out) = out {
-        std::fs::write(&out, serde_json::to_string_pretty(&result)? + "\n").with_context(|| format!("cannot write {}", out.display()))?;
-    }
-    Ok(())
+    crate::report::write_json(out.as_deref(), &result)
 }
 
 impl WithBackend for ScenarioArgs {

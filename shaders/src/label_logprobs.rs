@@ -126,15 +126,7 @@ fn vocab_chunk_kernel<F: Float, I: Numeric>(
         column += units;
     }
     reduced[unit] = local_max;
-    sync_cube();
-    let mut stride = CUBE_DIM_X as usize / 2; // runtime: a comptime value cannot be mutated
-    while stride > 0 {
-        if unit < stride {
-            reduced[unit] = f32::max(reduced[unit], reduced[unit + stride]);
-        }
-        sync_cube();
-        stride /= 2;
-    }
+    reduce_cube(&mut reduced, unit, true);
     let previous_max = running_max[row];
     let new_max = f32::max(previous_max, reduced[0]);
     sync_cube();
@@ -146,15 +138,7 @@ fn vocab_chunk_kernel<F: Float, I: Numeric>(
         column += units;
     }
     reduced[unit] = local_sum;
-    sync_cube();
-    let mut stride = CUBE_DIM_X as usize / 2; // runtime: a comptime value cannot be mutated
-    while stride > 0 {
-        if unit < stride {
-            reduced[unit] += reduced[unit + stride];
-        }
-        sync_cube();
-        stride /= 2;
-    }
+    reduce_cube(&mut reduced, unit, false);
 
     if unit == 0 {
         running_sum[row] = running_sum[row] * f32::exp(previous_max - new_max) + reduced[0];
@@ -167,6 +151,25 @@ fn vocab_chunk_kernel<F: Float, I: Numeric>(
         if label >= start && label < start + chunk {
             label_logits[row * width + unit] = f32::cast_from(logits[first + label - start]);
         }
+    }
+}
+
+/// Tree reduction of one value per unit (`reduced[unit]`, a power-of-two cube) into
+/// `reduced[0]`: the max, or with `maximum == false` the sum. Every unit may read it after.
+#[cube]
+fn reduce_cube(reduced: &mut SharedMemory<f32>, unit: usize, #[comptime] maximum: bool) {
+    sync_cube();
+    let mut stride = CUBE_DIM_X as usize / 2; // runtime: a comptime value cannot be mutated
+    while stride > 0 {
+        if unit < stride {
+            if maximum {
+                reduced[unit] = f32::max(reduced[unit], reduced[unit + stride]);
+            } else {
+                reduced[unit] += reduced[unit + stride];
+            }
+        }
+        sync_cube();
+        stride /= 2;
     }
 }
 
