@@ -22,20 +22,21 @@ pub enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
-    /// Write a seeded random checkpoint of a Qwen3 shape (bf16, HF layout) for benchmarks.
+    /// Write a seeded random checkpoint of a released shape (bf16, HF layout) for benchmarks.
     MakeModel(MakeModelArgs),
 }
 
 #[derive(Args)]
 pub struct MakeModelArgs {
-    /// One of: tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b.
+    /// One of: tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, smollm2-135m, llama-3.2-1b.
     #[arg(long)]
     pub preset: String,
     #[arg(long)]
     pub out: PathBuf,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// tokenizer.json to copy next to the weights (default: the Qwen3 tokenizer in the repo's fixtures).
+    /// tokenizer.json to copy next to the weights, for presets with the Qwen3 vocabulary (default:
+    /// the Qwen3 tokenizer in the repo's fixtures). Other presets get none: token-id requests only.
     #[arg(long, default_value = "tests/fixtures/models/wide-vocab/tokenizer.json")]
     pub tokenizer: PathBuf,
     /// Largest safetensors shard, in MiB.
@@ -108,7 +109,8 @@ pub struct ScenarioArgs {
 
 #[derive(Args)]
 pub struct ScoreArgs {
-    /// Model directory in Hugging Face layout (config.json, safetensors, tokenizer.json).
+    /// A Hugging Face model directory (config.json, safetensors, tokenizer.json), a .gguf file,
+    /// or a directory holding one.
     #[arg(long)]
     pub model: PathBuf,
     /// A /v1/score request as JSON (`-` reads stdin); prints the response JSON.
@@ -138,8 +140,8 @@ pub struct ScoreArgs {
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Model directory in Hugging Face layout, or a Hugging Face repo id (downloaded into the HF
-    /// cache once, then used offline).
+    /// A Hugging Face model directory, a .gguf file (or a directory holding one), or a Hugging
+    /// Face repo id (downloaded into the HF cache once, then used offline).
     #[arg(long)]
     pub model: String,
     #[arg(long, default_value = "127.0.0.1")]

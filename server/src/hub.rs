@@ -1,23 +1,25 @@
-//! Resolves `--model`: a local directory as is, or a Hugging Face repo id fetched into the
-//! standard HF cache (`HF_HOME`, `~/.cache/huggingface`) and reused from there offline.
-//! Returns the directory and the name responses carry (the directory's name, or the repo id).
+//! Resolves `--model`: a local directory or GGUF file as is, or a Hugging Face repo id fetched
+//! into the standard HF cache (`HF_HOME`, `~/.cache/huggingface`) and reused from there offline.
+//! Returns the path and the name responses carry (the directory's name, the GGUF file's stem, or
+//! the repo id).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use hf_hub::api::sync::ApiBuilder;
 use hf_hub::Cache;
+use tally_model::ModelFiles;
 
 const INDEX: &str = "model.safetensors.index.json";
 
 pub fn resolve_model(model: &str) -> Result<(PathBuf, String)> {
     let local = Path::new(model);
-    if local.is_dir() {
-        let name = local.canonicalize().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
-        return Ok((local.to_owned(), name.unwrap_or_else(|| model.to_owned())));
+    if local.exists() {
+        let files = ModelFiles::locate(local).with_context(|| format!("--model {model}"))?;
+        return Ok((local.to_owned(), files.name()));
     }
     if model.split('/').count() != 2 || model.starts_with(['.', '/']) {
-        bail!("--model {model}: no such directory, and not a Hugging Face repo id (owner/name)");
+        bail!("--model {model}: no such directory or file, and not a Hugging Face repo id (owner/name)");
     }
     let cached = Cache::from_env().model(model.to_owned());
     let api = ApiBuilder::from_env().with_progress(true).build().context("cannot set up the Hugging Face client")?;

@@ -7,6 +7,7 @@ mod cli;
 mod http;
 mod hub;
 mod load;
+mod loading;
 mod make_model;
 mod report;
 mod rng;

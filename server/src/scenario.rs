@@ -3,11 +3,11 @@
 
 use std::time::Instant;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use tally_model::ScoringBackend;
 use serde_json::{json, Value};
 use tally_core::{Items, PassBudget, Query, ScoreRequest};
-use tally_engine::{Scorer, ScorerOptions};
+use tally_engine::ScorerOptions;
 
 use crate::backend::{device_name, dispatch, WithBackend};
 use crate::cli::{Scenario, ScenarioArgs};
@@ -29,7 +29,7 @@ impl WithBackend for ScenarioArgs {
         };
         ensure!(self.requests > 0 && self.items > 0, "--requests and --items must be positive");
         let options = ScorerOptions { pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() }, prefix_cache_bytes: 1 << 30 };
-        let mut scorer = Scorer::<B>::load(&self.model, &device, options).with_context(|| format!("cannot load model {}", self.model.display()))?;
+        let mut scorer = crate::loading::load_scorer::<B>(&self.model, &device, options)?;
         let vocab = scorer.preparer().limits().vocab_size as u64;
         // "Yes" / "No" in the Qwen3 tokenizer when the vocabulary has them.
         let labels: Vec<i64> = if vocab > 9454 { vec![9454, 2753] } else { vec![0, 1] };

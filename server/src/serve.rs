@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use tally_model::ScoringBackend;
 use tally_core::PassBudget;
-use tally_engine::{Scheduler, SchedulerOptions, Scorer, ScorerOptions};
+use tally_engine::{Scheduler, SchedulerOptions, ScorerOptions};
 
 use crate::backend::{dispatch, WithBackend};
 use crate::cli::ServeArgs;
@@ -36,7 +36,7 @@ impl WithBackend for ServeArgs {
             pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() },
             prefix_cache_bytes: self.prefix_cache_mib << 20,
         };
-        let scorer = Scorer::<B>::load(&dir, &device, options).with_context(|| format!("cannot load model {}", dir.display()))?.with_model_name(name);
+        let scorer = crate::loading::load_scorer::<B>(&dir, &device, options)?.with_model_name(name);
         let preparer = scorer.preparer().clone();
         let rerank = http::rerank::RerankTemplate::new(&self.rerank, &preparer);
         let scheduler = Scheduler::start(scorer, SchedulerOptions { max_queue: self.max_queue, max_batch_tokens: self.max_batch_tokens });

@@ -3,10 +3,10 @@
 use std::collections::HashMap;
 
 use burn::tensor::backend::Backend;
-use tally_model::PrefixCache;
+use tally_model::QueryKv;
 
 struct Entry<B: Backend> {
-    prefix: PrefixCache<B>,
+    prefix: QueryKv<B>,
     bytes: usize,
     last_used: u64,
 }
@@ -31,7 +31,7 @@ impl<B: Backend> PrefixLru<B> {
         self.used_bytes
     }
 
-    pub fn get(&mut self, tokens: &[u32]) -> Option<PrefixCache<B>> {
+    pub fn get(&mut self, tokens: &[u32]) -> Option<QueryKv<B>> {
         self.clock += 1;
         let entry = self.entries.get_mut(tokens)?;
         entry.last_used = self.clock;
@@ -40,7 +40,7 @@ impl<B: Backend> PrefixLru<B> {
 
     /// Stores a prefix, evicting the least recently used ones to make room. A prefix larger than
     /// the whole cache is not stored.
-    pub fn insert(&mut self, tokens: &[u32], prefix: PrefixCache<B>) {
+    pub fn insert(&mut self, tokens: &[u32], prefix: QueryKv<B>) {
         let bytes = prefix.size_bytes();
         if bytes > self.capacity_bytes || self.entries.contains_key(tokens) {
             return;

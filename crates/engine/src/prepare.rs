@@ -42,9 +42,11 @@ impl RequestPreparer {
         let (query, items) = match request.input()? {
             RequestInput::Ids { query, items } => (query.to_vec(), items.to_vec()),
             RequestInput::Text { query, items } => {
+                // The sequence's first text gets the BOS token, if the tokenizer adds one.
                 let tokenizer = self.tokenizer()?;
-                let items = items.iter().map(|item| tokenizer.encode(item)).collect::<Result<Vec<_>, _>>()?;
-                (tokenizer.encode(query)?, items)
+                let encode = |text: &str, first: bool| if first { tokenizer.encode_sequence_start(text) } else { tokenizer.encode(text) };
+                let items = items.iter().map(|item| encode(item, request.item_first)).collect::<Result<Vec<_>, _>>()?;
+                (encode(query, !request.item_first)?, items)
             }
         };
         Ok(ScoreInput::new(&query, &items, &request.label_token_ids, request.apply_softmax, request.item_first, self.limits)?)

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse, ValidationError};
-use tally_model::{ItemGroup, LabelTable, LoadError, PrefixCache, Qwen3, ScoringBackend, PREFILL_CHUNK};
+use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, ModelFiles, QueryKv, ScoringBackend, PREFILL_CHUNK};
 
 use crate::prefix_cache::PrefixLru;
 use crate::prepare::RequestPreparer;
@@ -20,7 +20,7 @@ pub enum EngineError {
     /// The request is invalid: the caller's fault (HTTP 4xx).
     #[error(transparent)]
     Invalid(#[from] ValidationError),
-    #[error("text input needs a tokenizer, and {0} has no tokenizer.json: send token ids instead")]
+    #[error("text input needs a tokenizer, and {0} has none tally can use (no tokenizer.json, or a SentencePiece GGUF vocabulary): send token ids instead")]
     NoTokenizer(String),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
@@ -39,7 +39,7 @@ pub struct ScorerOptions {
 
 /// A model, its tokenizer and the scoring pipeline.
 pub struct Scorer<B: ScoringBackend> {
-    model: Qwen3<B>,
+    model: DecoderModel<B>,
     preparer: RequestPreparer,
     options: ScorerOptions,
     prefix_cache: PrefixLru<B>,
@@ -47,12 +47,18 @@ pub struct Scorer<B: ScoringBackend> {
 }
 
 impl<B: ScoringBackend> Scorer<B> {
-    /// Loads a HF-layout model directory; `tokenizer.json` is optional (token-id requests only).
-    pub fn load(dir: &Path, device: &B::Device, options: ScorerOptions) -> Result<Self, EngineError> {
-        let model = Qwen3::load(dir, device)?;
-        let tokenizer_path = dir.join("tokenizer.json");
-        let tokenizer = tokenizer_path.is_file().then(|| TextTokenizer::from_file(&tokenizer_path)).transpose()?;
-        let model_name = dir.file_name().map_or_else(|| dir.display().to_string(), |name| name.to_string_lossy().into_owned());
+    /// Loads a model (a Hugging Face directory or a GGUF file) and its tokenizer, if it has
+    /// one (without, requests must send token ids).
+    pub fn load(path: &Path, device: &B::Device, options: ScorerOptions) -> Result<Self, EngineError> {
+        Self::load_with_progress(path, device, options, &mut |_, _| {})
+    }
+
+    /// [`Self::load`], calling `progress(done, total)` as the model's layers are read.
+    pub fn load_with_progress(path: &Path, device: &B::Device, options: ScorerOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self, EngineError> {
+        let files = ModelFiles::locate(path)?;
+        let tokenizer = TextTokenizer::from_source(files.tokenizer()?)?;
+        let model = DecoderModel::load(&files, device, progress)?;
+        let model_name = files.name();
         let config = model.config();
         let limits = ModelLimits { vocab_size: config.vocab_size, max_positions: config.max_position_embeddings };
         Ok(Scorer {
@@ -92,8 +98,8 @@ impl<B: ScoringBackend> Scorer<B> {
     /// every item attends to its own request's query. With `item_first` nothing can be shared,
     /// so each `item + query` is a sequence of its own with an empty prefix.
     pub fn score_batch(&mut self, inputs: &[&ScoreInput]) -> Result<Vec<Vec<Vec<f64>>>, EngineError> {
-        let prefixes: Vec<PrefixCache<B>> =
-            inputs.iter().map(|input| if input.item_first { self.model.empty_prefix() } else { self.prefix_for(&input.query) }).collect();
+        let queries: Vec<QueryKv<B>> =
+            inputs.iter().map(|input| if input.item_first { self.model.empty_query() } else { self.query_kv(&input.query) }).collect();
         let sequences: Vec<Vec<Cow<[u32]>>> = inputs
             .iter()
             .map(|input| {
@@ -106,7 +112,7 @@ impl<B: ScoringBackend> Scorer<B> {
             .collect();
         // (request, item) for every item of the batch.
         let entries: Vec<(usize, usize)> = sequences.iter().enumerate().flat_map(|(r, items)| (0..items.len()).map(move |i| (r, i))).collect();
-        let shapes: Vec<ItemShape> = entries.iter().map(|&(r, i)| ItemShape { prefix_len: prefixes[r].len(), len: sequences[r][i].len() }).collect();
+        let shapes: Vec<ItemShape> = entries.iter().map(|&(r, i)| ItemShape { prefix_len: queries[r].len(), len: sequences[r][i].len() }).collect();
 
         let mut scores: Vec<Vec<Vec<f64>>> = inputs.iter().map(|input| vec![Vec::new(); input.items.len()]).collect();
         for mut pass in plan_passes(&shapes, self.options.pass_budget) {
@@ -117,7 +123,7 @@ impl<B: ScoringBackend> Scorer<B> {
                 .iter()
                 .map(|run| {
                     let request = entries[run[0]].0;
-                    ItemGroup { prefix: &prefixes[request], items: run.iter().map(|&e| &*sequences[request][entries[e].1]).collect() }
+                    ItemGroup { query: &queries[request], items: run.iter().map(|&e| &*sequences[request][entries[e].1]).collect() }
                 })
                 .collect();
             let hidden = self.model.last_hidden(&groups);
@@ -147,7 +153,7 @@ impl<B: ScoringBackend> Scorer<B> {
 
     /// The query's K/V: from the cache, or prefilled (resuming from its longest cached
     /// chunk-aligned part, so a shared system prompt is computed once across requests).
-    fn prefix_for(&mut self, query: &[u32]) -> PrefixCache<B> {
+    fn query_kv(&mut self, query: &[u32]) -> QueryKv<B> {
         if !self.prefix_cache.is_enabled() {
             return self.model.prefill(query);
         }
@@ -166,7 +172,7 @@ impl<B: ScoringBackend> Scorer<B> {
             }
             None => {
                 self.stats.prefix_cache_misses.fetch_add(1, Relaxed);
-                (0, self.model.empty_prefix())
+                (0, self.model.empty_query())
             }
         };
         let base = if start < aligned {

@@ -1,24 +1,58 @@
-//! `tokenizer.json` through the HF `tokenizers` crate.
+//! Text to token ids through the HF `tokenizers` crate: from `tokenizer.json`, or built from a
+//! GGUF file's vocabulary the way llama.cpp tokenizes it.
 
 use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+use tally_model::gguf::checkpoint::GgufVocabulary;
+use tally_model::TokenizerSource;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     #[error("cannot load tokenizer {path}: {message}")]
     Load { path: PathBuf, message: String },
+    #[error("cannot build a tokenizer from the GGUF vocabulary: {0}")]
+    Gguf(String),
     #[error("cannot tokenize text: {0}")]
     Encode(String),
 }
 
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
+    /// What the tokenizer puts before every sequence (a BOS token for Llama 3, nothing for
+    /// Qwen or SmolLM2).
+    sequence_start: Vec<i64>,
 }
 
 impl TextTokenizer {
+    /// The model's tokenizer, if it has one.
+    pub fn from_source(source: TokenizerSource) -> Result<Option<Self>, TokenizerError> {
+        match source {
+            TokenizerSource::Json(path) => Self::from_file(&path).map(Some),
+            TokenizerSource::Gguf(vocabulary) => Self::from_gguf(&vocabulary),
+            TokenizerSource::None => Ok(None),
+        }
+    }
+
     pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
-        let inner = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| TokenizerError::Load { path: path.to_owned(), message: e.to_string() })?;
-        Ok(TextTokenizer { inner })
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::Load { path: path.to_owned(), message: e.to_string() })?;
+        Self::new(inner)
+    }
+
+    /// A byte-level BPE tokenizer from `tokenizer.ggml.*`; `None` for SentencePiece (`llama`)
+    /// vocabularies, which tally does not tokenize (token-id requests still work).
+    pub fn from_gguf(vocabulary: &GgufVocabulary) -> Result<Option<Self>, TokenizerError> {
+        if vocabulary.model != "gpt2" {
+            return Ok(None);
+        }
+        let json = gguf_tokenizer_json(vocabulary)?;
+        let inner: tokenizers::Tokenizer = json.to_string().parse().map_err(|e: tokenizers::Error| TokenizerError::Gguf(e.to_string()))?;
+        Self::new(inner).map(Some)
+    }
+
+    fn new(inner: tokenizers::Tokenizer) -> Result<Self, TokenizerError> {
+        let start = inner.encode("", true).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        Ok(TextTokenizer { sequence_start: start.get_ids().iter().map(|&id| i64::from(id)).collect(), inner })
     }
 
     /// Token ids of `text` without special tokens: query and items are tokenized separately and
@@ -27,6 +61,67 @@ impl TextTokenizer {
         let encoding = self.inner.encode(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
         Ok(encoding.get_ids().iter().map(|&id| i64::from(id)).collect())
     }
+
+    /// `text` as the start of a sequence: with the BOS token the tokenizer adds, if any.
+    pub fn encode_sequence_start(&self, text: &str) -> Result<Vec<i64>, TokenizerError> {
+        Ok([self.sequence_start.clone(), self.encode(text)?].concat())
+    }
+}
+
+/// The pre-tokenizer llama.cpp uses for a GGUF `tokenizer.ggml.pre`.
+fn pre_tokenizer(pre: Option<&str>) -> Value {
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let split = |pattern: &str| {
+        json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+            byte_level(false),
+        ]})
+    };
+    match pre {
+        // Digits one by one, then GPT-2's byte-level split.
+        Some("smollm") => json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]}),
+        Some("qwen2") => split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
+        Some("llama-bpe") => split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
+        _ => byte_level(true),
+    }
+}
+
+/// A `tokenizer.json` document for a GGUF byte-level BPE vocabulary: tokens in id order, merges
+/// as given, control (3) and user-defined (4) tokens as special tokens, BOS when `add_bos`.
+fn gguf_tokenizer_json(v: &GgufVocabulary) -> Result<Value, TokenizerError> {
+    if !v.token_types.is_empty() && v.token_types.len() != v.tokens.len() {
+        return Err(TokenizerError::Gguf(format!("{} token types for {} tokens", v.token_types.len(), v.tokens.len())));
+    }
+    let vocab: serde_json::Map<String, Value> = v.tokens.iter().enumerate().map(|(id, token)| (token.clone(), json!(id))).collect();
+    let special: Vec<Value> = v
+        .token_types
+        .iter()
+        .enumerate()
+        .filter(|&(_, &kind)| kind == 3 || kind == 4)
+        .map(|(id, _)| json!({"id": id, "content": v.tokens[id], "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    let post_processor = match v.bos_token_id.filter(|_| v.add_bos) {
+        Some(bos) => {
+            let token = v.tokens.get(bos as usize).ok_or_else(|| TokenizerError::Gguf(format!("BOS id {bos} is outside the vocabulary")))?;
+            json!({"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": token, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": token, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {token: {"id": token, "ids": [bos], "tokens": [token]}}})
+        }
+        None => json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}),
+    };
+    Ok(json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": special,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer(v.pre.as_deref()),
+        "post_processor": post_processor,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null,
+            "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": v.merges},
+    }))
 }
 
 #[cfg(test)]
@@ -42,5 +137,32 @@ mod tests {
             assert_eq!(tokenizer.encode(text).unwrap(), ids, "{text:?}");
         }
         assert!(tokenizer.encode("").unwrap().is_empty());
+        assert_eq!(tokenizer.encode_sequence_start("Yes").unwrap(), vec![9454], "Qwen3 adds no BOS");
+    }
+
+    /// A toy byte-level vocabulary: merges apply, control tokens stay whole, BOS is added
+    /// only when the file asks for it.
+    #[test]
+    fn builds_a_byte_level_bpe_from_gguf_metadata() {
+        // Byte-level symbols: 'Ġ' is the space.
+        let tokens: Vec<String> = ["<s>", "a", "b", "Ġ", "ab", "Ġab", "1", "2", "<|im_end|>"].iter().map(|t| t.to_string()).collect();
+        let mut vocabulary = GgufVocabulary {
+            model: "gpt2".into(),
+            pre: Some("smollm".into()),
+            merges: vec!["a b".into(), "Ġ ab".into()],
+            token_types: vec![3, 1, 1, 1, 1, 1, 1, 1, 3],
+            tokens,
+            bos_token_id: Some(0),
+            add_bos: false,
+        };
+        let tokenizer = TextTokenizer::from_gguf(&vocabulary).unwrap().unwrap();
+        assert_eq!(tokenizer.encode("ab ab12<|im_end|>").unwrap(), vec![4, 5, 6, 7, 8]);
+        assert_eq!(tokenizer.encode_sequence_start("ab").unwrap(), vec![4]);
+        vocabulary.add_bos = true;
+        let with_bos = TextTokenizer::from_gguf(&vocabulary).unwrap().unwrap();
+        assert_eq!(with_bos.encode_sequence_start("ab").unwrap(), vec![0, 4]);
+        assert_eq!(with_bos.encode("ab").unwrap(), vec![4]);
+        vocabulary.model = "llama".into();
+        assert!(TextTokenizer::from_gguf(&vocabulary).unwrap().is_none());
     }
 }

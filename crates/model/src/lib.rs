@@ -1,29 +1,39 @@
-//! tally-model: Qwen3 in Burn, generic over the backend, shaped for scoring.
+//! tally-model: Qwen3, Llama and Qwen2 decoders in Burn, generic over the backend, shaped for
+//! scoring.
 //!
-//! - [`config`]: `config.json` (transformers 4.x and 5.x layouts).
-//! - [`weights`]: safetensors checkpoints, single or sharded, f32/bf16/f16.
-//! - [`qwen3`]: the model: prefill a shared query once, then score many items in one pass.
-//! - [`layout`]: how the items of a pass are packed (CSR offsets, prefix groups).
+//! - [`source`]: finds a model on disk (Hugging Face directory or GGUF file) and its tokenizer.
+//! - [`config`]: the architecture, from `config.json` (transformers 4.x and 5.x) or GGUF metadata.
+//! - [`weights`] / [`gguf`]: tensors from safetensors (single or sharded, f32/bf16/f16) or GGUF
+//!   (F32 to Q6_K, dequantised at load).
+//! - [`decoder`]: the model: prefill a shared query once ([`query_kv`]), then score many items
+//!   in one pass.
+//! - [`layout`]: how the items of a pass are packed (CSR offsets, query groups).
 //! - [`backend`]: the hot paths as backend operations ([`ScoringBackend`]):
-//!   - [`attention`]: multi-item attention (prefix + per-item causal) in plain Burn ops;
+//!   - [`attention`]: multi-item attention (query + per-item causal) in plain Burn ops;
 //!   - [`lm_head`]: label logits and the streamed full-vocabulary log-sum-exp, plain Burn;
 //!   - `cube` (feature `cubecl`): the same two on CubeCL backends, with tally-shaders' kernels.
-//! - [`presets`] / [`random`]: Qwen3 shapes and seeded random checkpoints for benchmarks.
+//! - [`presets`] / [`random`]: released shapes and seeded random checkpoints for benchmarks.
 
 pub mod attention;
 pub mod backend;
 pub mod config;
 #[cfg(feature = "cubecl")]
 mod cube;
+pub mod decoder;
+pub mod gguf;
 pub mod layout;
 pub mod lm_head;
 pub mod presets;
-pub mod qwen3;
+pub mod query_kv;
 pub mod random;
+mod rope;
+pub mod source;
 pub mod weights;
 
 pub use backend::ScoringBackend;
-pub use config::Qwen3Config;
+pub use config::{Family, ModelConfig};
+pub use decoder::DecoderModel;
 pub use layout::ItemLayout;
 pub use lm_head::LabelTable;
-pub use qwen3::{ItemGroup, LoadError, PrefixCache, Qwen3, PREFILL_CHUNK};
+pub use query_kv::{ItemGroup, QueryKv, PREFILL_CHUNK};
+pub use source::{LoadError, ModelFiles, TokenizerSource};

@@ -1,4 +1,4 @@
-//! Writes seeded random Qwen3 checkpoints in HF layout (bf16 safetensors, sharded when large,
+//! Writes seeded random checkpoints (Qwen3, Llama, Qwen2) in HF layout (bf16 safetensors, sharded when large,
 //! transformers 5.x config.json), so benchmarks run on real shapes without a download.
 //!
 //! Weights are sharp rather than std 0.02 — unit embeddings, fan-in-scaled projections, norm gains
@@ -10,7 +10,7 @@ use std::path::Path;
 use safetensors::{Dtype, View};
 use serde_json::json;
 
-use crate::config::Qwen3Config;
+use crate::config::{ModelConfig, RopeScaling};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
@@ -70,7 +70,7 @@ fn tensor(shape: Vec<usize>, mut value: impl FnMut() -> f64) -> Bf16Tensor {
 
 /// Writes `config.json` and bf16 weights into `dir`; shards of at most `max_shard_bytes` with a
 /// `model.safetensors.index.json` when the weights do not fit in one.
-pub fn write_random_checkpoint(dir: &Path, config: &Qwen3Config, seed: u64, max_shard_bytes: usize) -> Result<(), WriteError> {
+pub fn write_random_checkpoint(dir: &Path, config: &ModelConfig, seed: u64, max_shard_bytes: usize) -> Result<(), WriteError> {
     let io = |path: &Path| {
         let path = path.display().to_string();
         move |source| WriteError::Io { path, source }
@@ -92,8 +92,15 @@ pub fn write_random_checkpoint(dir: &Path, config: &Qwen3Config, seed: u64, max_
         let p = format!("model.layers.{layer}.");
         gains(format!("{p}input_layernorm.weight"), h, 0.5, 1.5, &mut rng);
         gains(format!("{p}post_attention_layernorm.weight"), h, 0.5, 1.5, &mut rng);
-        gains(format!("{p}self_attn.q_norm.weight"), d, 1.0, 2.0, &mut rng);
-        gains(format!("{p}self_attn.k_norm.weight"), d, 1.0, 2.0, &mut rng);
+        if c.qk_norm {
+            gains(format!("{p}self_attn.q_norm.weight"), d, 1.0, 2.0, &mut rng);
+            gains(format!("{p}self_attn.k_norm.weight"), d, 1.0, 2.0, &mut rng);
+        }
+        if c.attention_bias {
+            for (proj, width) in [("q", c.num_attention_heads * d), ("k", c.num_key_value_heads * d), ("v", c.num_key_value_heads * d)] {
+                gains(format!("{p}self_attn.{proj}_proj.bias"), width, -0.5, 0.5, &mut rng);
+            }
+        }
         linear(format!("{p}self_attn.q_proj.weight"), c.num_attention_heads * d, h, 1.0, &mut rng);
         linear(format!("{p}self_attn.k_proj.weight"), c.num_key_value_heads * d, h, 1.0, &mut rng);
         linear(format!("{p}self_attn.v_proj.weight"), c.num_key_value_heads * d, h, 1.0, &mut rng);
@@ -146,12 +153,22 @@ pub fn write_random_checkpoint(dir: &Path, config: &Qwen3Config, seed: u64, max_
 }
 
 /// `config.json` in the transformers 5.x layout.
-fn hf_config(c: &Qwen3Config) -> serde_json::Value {
+fn hf_config(c: &ModelConfig) -> serde_json::Value {
+    let mut rope = json!({"rope_theta": c.rope.theta, "rope_type": "default"});
+    match c.rope.scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear { factor } => rope = json!({"rope_theta": c.rope.theta, "rope_type": "linear", "factor": factor}),
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+            rope = json!({"rope_theta": c.rope.theta, "rope_type": "llama3", "factor": factor, "low_freq_factor": low_freq_factor,
+                "high_freq_factor": high_freq_factor, "original_max_position_embeddings": original_max_position_embeddings})
+        }
+        RopeScaling::Factors(_) => unreachable!("presets describe scaling by its parameters"),
+    }
     json!({
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
+        "architectures": [c.family.architecture()],
+        "model_type": c.family.model_type(),
         "hidden_act": "silu",
-        "attention_bias": false,
+        "attention_bias": c.attention_bias,
         "vocab_size": c.vocab_size,
         "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size,
@@ -160,11 +177,9 @@ fn hf_config(c: &Qwen3Config) -> serde_json::Value {
         "num_key_value_heads": c.num_key_value_heads,
         "head_dim": c.head_dim,
         "rms_norm_eps": c.rms_norm_eps,
-        "rope_parameters": {"rope_theta": c.rope_theta, "rope_type": "default"},
+        "rope_parameters": rope,
         "max_position_embeddings": c.max_position_embeddings,
         "tie_word_embeddings": c.tie_word_embeddings,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
         "dtype": "bfloat16",
     })
 }
@@ -172,7 +187,7 @@ fn hf_config(c: &Qwen3Config) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::weights::Checkpoint;
+    use crate::weights::{Checkpoint, TensorSource};
 
     #[test]
     fn a_written_checkpoint_reads_back_whole_and_sharded() {
@@ -180,7 +195,7 @@ mod tests {
         for max_shard_bytes in [usize::MAX, 1 << 20] {
             let dir = std::env::temp_dir().join(format!("tally-random-{}-{max_shard_bytes}", std::process::id()));
             write_random_checkpoint(&dir, &config, 7, max_shard_bytes).unwrap();
-            let read = Qwen3Config::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+            let read = ModelConfig::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
             assert_eq!(read, config);
             let checkpoint = Checkpoint::open(&dir).unwrap();
             let gains = checkpoint.read("model.layers.1.input_layernorm.weight", &[64]).unwrap();

@@ -1,4 +1,6 @@
-//! Reads safetensors checkpoints (single file or sharded with an index) into host f32 matrices.
+//! Where weights come from: [`TensorSource`] hands the model f32 tensors under Hugging Face names;
+//! [`Checkpoint`] reads safetensors (single file or sharded with an index), and
+//! [`GgufCheckpoint`](crate::gguf::GgufCheckpoint) reads GGUF.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -23,6 +25,18 @@ pub enum WeightsError {
     Shape { name: String, path: PathBuf, found: Vec<usize>, expected: Vec<usize> },
     #[error("tensor `{name}` in {path} has dtype {dtype:?}; only F32, BF16 and F16 are supported")]
     Dtype { name: String, path: PathBuf, dtype: Dtype },
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
+    #[error("{path}: GGUF architecture `{arch}` is not supported; tally runs: {supported}", supported = crate::gguf::checkpoint::ARCHITECTURES)]
+    Architecture { path: PathBuf, arch: String },
+}
+
+/// Tensors by their Hugging Face names, as row-major f32.
+pub trait TensorSource {
+    /// The tensor `name` after checking that its shape is `expected`.
+    fn read(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>, WeightsError>;
+
+    fn contains(&self, name: &str) -> bool;
 }
 
 struct Shard {
@@ -62,12 +76,14 @@ impl Checkpoint {
         Ok(Checkpoint { shards, shard_of })
     }
 
-    pub fn contains(&self, name: &str) -> bool {
+}
+
+impl TensorSource for Checkpoint {
+    fn contains(&self, name: &str) -> bool {
         self.shard_of.contains_key(name)
     }
 
-    /// The tensor `name` as row-major f32, after checking that its shape is `expected`.
-    pub fn read(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>, WeightsError> {
+    fn read(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>, WeightsError> {
         let missing = || WeightsError::MissingTensor { name: name.to_owned() };
         let shard = &self.shards[*self.shard_of.get(name).ok_or_else(missing)?];
         let info = shard.metadata.info(name).ok_or_else(missing)?;

@@ -1,0 +1,266 @@
+//! GGML tensor types and their dequantisation to f32, block by block, as ggml's reference
+//! `dequantize_row_*` functions do it. Block layouts (bytes, little-endian):
+//!
+//! | type | values/block | bytes | layout |
+//! |---|---|---|---|
+//! | Q4_0 | 32 | 18 | `d: f16, qs[16]` — x = (nibble − 8)·d |
+//! | Q4_1 | 32 | 20 | `d, m: f16, qs[16]` — x = nibble·d + m |
+//! | Q5_0 | 32 | 22 | `d: f16, qh: u32, qs[16]` — 5-bit q, x = (q − 16)·d |
+//! | Q5_1 | 32 | 24 | `d, m: f16, qh: u32, qs[16]` — x = q·d + m |
+//! | Q8_0 | 32 | 34 | `d: f16, qs[32]: i8` — x = q·d |
+//! | Q4_K | 256 | 144 | `d, dmin: f16, scales[12], qs[128]` — 8 sub-blocks, 6-bit scales/mins |
+//! | Q5_K | 256 | 176 | `d, dmin: f16, scales[12], qh[32], qs[128]` |
+//! | Q6_K | 256 | 210 | `ql[128], qh[64], scales[16]: i8, d: f16` |
+//!
+//! In the 32-value types, nibble `j` of the low halves holds value `j`, the high halves value `j + 16`.
+
+use half::{bf16, f16};
+
+/// A GGML tensor type, by its id in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4K,
+    Q5K,
+    Q6K,
+    /// A type tally does not dequantise (its GGML id).
+    Other(u32),
+}
+
+impl std::fmt::Display for TensorType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TensorType::Q4K => write!(f, "Q4_K"),
+            TensorType::Q5K => write!(f, "Q5_K"),
+            TensorType::Q6K => write!(f, "Q6_K"),
+            TensorType::Other(id) => write!(f, "{} (GGML type {id})", other_name(*id)),
+            kind => write!(f, "{kind:?}"),
+        }
+    }
+}
+
+fn other_name(id: u32) -> &'static str {
+    match id {
+        9 => "Q8_1",
+        10 => "Q2_K",
+        11 => "Q3_K",
+        15 => "Q8_K",
+        16..=23 | 29 => "an IQ type",
+        24 => "I8",
+        25 => "I16",
+        26 => "I32",
+        27 => "I64",
+        28 => "F64",
+        _ => "unknown",
+    }
+}
+
+impl TensorType {
+    pub const SUPPORTED: &'static str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K";
+
+    pub fn from_id(id: u32) -> Self {
+        match id {
+            0 => TensorType::F32,
+            1 => TensorType::F16,
+            2 => TensorType::Q4_0,
+            3 => TensorType::Q4_1,
+            6 => TensorType::Q5_0,
+            7 => TensorType::Q5_1,
+            8 => TensorType::Q8_0,
+            12 => TensorType::Q4K,
+            13 => TensorType::Q5K,
+            14 => TensorType::Q6K,
+            30 => TensorType::BF16,
+            other => TensorType::Other(other),
+        }
+    }
+
+    /// (values per block, bytes per block); `None` for types tally does not know.
+    fn block(self) -> Option<(usize, usize)> {
+        Some(match self {
+            TensorType::F32 => (1, 4),
+            TensorType::F16 | TensorType::BF16 => (1, 2),
+            TensorType::Q4_0 => (32, 18),
+            TensorType::Q4_1 => (32, 20),
+            TensorType::Q5_0 => (32, 22),
+            TensorType::Q5_1 => (32, 24),
+            TensorType::Q8_0 => (32, 34),
+            TensorType::Q4K => (256, 144),
+            TensorType::Q5K => (256, 176),
+            TensorType::Q6K => (256, 210),
+            TensorType::Other(_) => return None,
+        })
+    }
+
+    /// Bytes of `elements` values; `None` when the type is unknown or they are not whole blocks.
+    pub fn byte_len(self, elements: usize) -> Option<usize> {
+        let (values, bytes) = self.block()?;
+        elements.is_multiple_of(values).then(|| elements / values * bytes)
+    }
+
+    /// `elements` values from `bytes` (exactly [`Self::byte_len`] long); `None` for an
+    /// unsupported type.
+    pub fn dequantize(self, bytes: &[u8], elements: usize) -> Option<Vec<f32>> {
+        let (values, size) = self.block()?;
+        debug_assert_eq!(Some(bytes.len()), self.byte_len(elements));
+        let mut out = vec![0f32; elements];
+        let blocks = bytes.chunks_exact(size).zip(out.chunks_exact_mut(values));
+        match self {
+            TensorType::F32 => blocks.for_each(|(b, y)| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            TensorType::F16 => blocks.for_each(|(b, y)| y[0] = half(b, 0)),
+            TensorType::BF16 => blocks.for_each(|(b, y)| y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            TensorType::Q4_0 => blocks.for_each(|(b, y)| q4(&b[2..18], half(b, 0), -8.0 * half(b, 0), y)),
+            TensorType::Q4_1 => blocks.for_each(|(b, y)| q4(&b[4..20], half(b, 0), half(b, 2), y)),
+            TensorType::Q5_0 => blocks.for_each(|(b, y)| q5(&b[2..6], &b[6..22], half(b, 0), -16.0 * half(b, 0), y)),
+            TensorType::Q5_1 => blocks.for_each(|(b, y)| q5(&b[4..8], &b[8..24], half(b, 0), half(b, 2), y)),
+            TensorType::Q8_0 => blocks.for_each(|(b, y)| {
+                let d = half(b, 0);
+                for (y, &q) in y.iter_mut().zip(&b[2..34]) {
+                    *y = f32::from(q as i8) * d;
+                }
+            }),
+            TensorType::Q4K => blocks.for_each(|(b, y)| q4_k(b, y)),
+            TensorType::Q5K => blocks.for_each(|(b, y)| q5_k(b, y)),
+            TensorType::Q6K => blocks.for_each(|(b, y)| q6_k(b, y)),
+            TensorType::Other(_) => unreachable!("block() is None"),
+        }
+        Some(out)
+    }
+}
+
+fn half(bytes: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}
+
+/// 32 values from 16 bytes of nibbles: `x = q·d + m`.
+fn q4(qs: &[u8], d: f32, m: f32, y: &mut [f32]) {
+    for (j, &q) in qs.iter().enumerate() {
+        y[j] = f32::from(q & 0x0F) * d + m;
+        y[j + 16] = f32::from(q >> 4) * d + m;
+    }
+}
+
+/// 32 values of 5 bits: nibbles in `qs`, the fifth bits in the u32 `qh` (bit `j` for value `j`).
+fn q5(qh: &[u8], qs: &[u8], d: f32, m: f32, y: &mut [f32]) {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    for (j, &q) in qs.iter().enumerate() {
+        let high_low = ((qh >> j) & 1) as u8;
+        let high_high = ((qh >> (j + 16)) & 1) as u8;
+        y[j] = f32::from((q & 0x0F) | (high_low << 4)) * d + m;
+        y[j + 16] = f32::from((q >> 4) | (high_high << 4)) * d + m;
+    }
+}
+
+/// Scale and min of sub-block `j` (0..8), 6 bits each, packed into 12 bytes.
+fn scale_min_k4(j: usize, scales: &[u8]) -> (f32, f32) {
+    let (scale, min) = if j < 4 {
+        (scales[j] & 63, scales[j + 4] & 63)
+    } else {
+        ((scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4), (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4))
+    };
+    (f32::from(scale), f32::from(min))
+}
+
+fn q4_k(b: &[u8], y: &mut [f32]) {
+    let (d, dmin) = (half(b, 0), half(b, 2));
+    let (scales, qs) = (&b[4..16], &b[16..144]);
+    for chunk in 0..4 {
+        let q = &qs[chunk * 32..chunk * 32 + 32];
+        let (s1, m1) = scale_min_k4(2 * chunk, scales);
+        let (s2, m2) = scale_min_k4(2 * chunk + 1, scales);
+        let out = &mut y[chunk * 64..chunk * 64 + 64];
+        for l in 0..32 {
+            out[l] = d * s1 * f32::from(q[l] & 0x0F) - dmin * m1;
+            out[l + 32] = d * s2 * f32::from(q[l] >> 4) - dmin * m2;
+        }
+    }
+}
+
+fn q5_k(b: &[u8], y: &mut [f32]) {
+    let (d, dmin) = (half(b, 0), half(b, 2));
+    let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
+    for chunk in 0..4 {
+        let q = &qs[chunk * 32..chunk * 32 + 32];
+        let (s1, m1) = scale_min_k4(2 * chunk, scales);
+        let (s2, m2) = scale_min_k4(2 * chunk + 1, scales);
+        let (bit1, bit2) = (1u8 << (2 * chunk), 2u8 << (2 * chunk));
+        let out = &mut y[chunk * 64..chunk * 64 + 64];
+        for l in 0..32 {
+            let high1 = if qh[l] & bit1 != 0 { 16 } else { 0 };
+            let high2 = if qh[l] & bit2 != 0 { 16 } else { 0 };
+            out[l] = d * s1 * f32::from((q[l] & 0x0F) + high1) - dmin * m1;
+            out[l + 32] = d * s2 * f32::from((q[l] >> 4) + high2) - dmin * m2;
+        }
+    }
+}
+
+fn q6_k(b: &[u8], y: &mut [f32]) {
+    let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
+    let d = half(b, 208);
+    for half_block in 0..2 {
+        let (ql, qh) = (&ql[half_block * 64..], &qh[half_block * 32..]);
+        let sc = &scales[half_block * 8..];
+        let out = &mut y[half_block * 128..half_block * 128 + 128];
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) as i32 - 32;
+            let q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+            let scale = |k: usize| d * f32::from(sc[is + k] as i8);
+            out[l] = scale(0) * q1 as f32;
+            out[l + 32] = scale(2) * q2 as f32;
+            out[l + 64] = scale(4) * q3 as f32;
+            out[l + 96] = scale(6) * q4 as f32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_follow_the_block_tables() {
+        assert_eq!(TensorType::Q4_1.byte_len(64), Some(40));
+        assert_eq!(TensorType::Q6K.byte_len(512), Some(420));
+        assert_eq!(TensorType::Q8_0.byte_len(33), None, "not whole blocks");
+        assert_eq!(TensorType::from_id(10).byte_len(256), None, "Q2_K is not supported");
+        assert_eq!(TensorType::from_id(10).to_string(), "Q2_K (GGML type 10)");
+    }
+
+    /// Hand-made blocks with known values. The full tables (every type against the `gguf`
+    /// package's numpy dequantisation) are checked in `tests/gguf.rs`.
+    #[test]
+    fn small_types_decode_hand_made_blocks() {
+        let d = f16::from_f32(0.5).to_le_bytes();
+        let m = f16::from_f32(-1.0).to_le_bytes();
+        let nibbles: Vec<u8> = (0..16).map(|j| (j as u8) | ((15 - j as u8) << 4)).collect();
+        let q4_1 = [&d[..], &m, &nibbles].concat();
+        let y = TensorType::Q4_1.dequantize(&q4_1, 32).unwrap();
+        assert_eq!(y[3], 3.0 * 0.5 - 1.0);
+        assert_eq!(y[16 + 3], 12.0 * 0.5 - 1.0);
+
+        let q4_0 = [&d[..], &nibbles].concat();
+        assert_eq!(TensorType::Q4_0.dequantize(&q4_0, 32).unwrap()[0], -4.0);
+
+        // Q5_0 with the fifth bit set for values 1 and 17.
+        let qh = ((1u32 << 1) | (1u32 << 17)).to_le_bytes();
+        let q5_0 = [&d[..], &qh, &nibbles].concat();
+        let y = TensorType::Q5_0.dequantize(&q5_0, 32).unwrap();
+        assert_eq!(y[1], (1.0 + 16.0 - 16.0) * 0.5);
+        assert_eq!(y[17], (14.0 + 16.0 - 16.0) * 0.5);
+        assert_eq!(y[2], (2.0 - 16.0) * 0.5);
+
+        let q8: Vec<u8> = (0..32).map(|j| (j as i8 - 16) as u8).collect();
+        let y = TensorType::Q8_0.dequantize(&[&d[..], &q8].concat(), 32).unwrap();
+        assert_eq!((y[0], y[31]), (-8.0, 7.5));
+    }
+}

@@ -1,0 +1,48 @@
+//! Rotary position embedding in transformers' rotate-half layout, for arbitrary per-token
+//! positions (items restart after the query), with any scaling folded into the frequencies.
+
+use burn::tensor::{backend::Backend, Tensor, TensorData};
+
+/// `cos`/`sin` tables, `[tokens, 1, head_dim]`, broadcast over heads.
+pub(crate) struct Rope<B: Backend> {
+    cos: Tensor<B, 3>,
+    sin: Tensor<B, 3>,
+}
+
+impl<B: Backend> Rope<B> {
+    /// `inverse_frequencies`: `head_dim / 2` angular frequencies (see
+    /// [`RopeConfig::inverse_frequencies`](crate::config::RopeConfig::inverse_frequencies)).
+    pub(crate) fn new(positions: &[usize], inverse_frequencies: &[f64], device: &B::Device) -> Self {
+        let head_dim = 2 * inverse_frequencies.len();
+        // Positions repeat across items (query_len + k): compute each distinct one once.
+        let mut distinct = positions.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let (mut cos_rows, mut sin_rows) = (Vec::new(), Vec::new());
+        for &position in &distinct {
+            // Angles in f64: at positions in the thousands, f32 angles lose the low frequencies' digits.
+            let angles: Vec<f64> = inverse_frequencies.iter().map(|f| position as f64 * f).collect();
+            cos_rows.extend(angles.iter().chain(&angles).map(|a| a.cos() as f32));
+            sin_rows.extend(angles.iter().chain(&angles).map(|a| a.sin() as f32));
+        }
+        let table = |rows: &[f32]| {
+            let values: Vec<f32> = positions
+                .iter()
+                .flat_map(|p| {
+                    let row = distinct.binary_search(p).expect("every position is in the table");
+                    &rows[row * head_dim..(row + 1) * head_dim]
+                })
+                .copied()
+                .collect();
+            Tensor::from_data(TensorData::new(values, [positions.len(), 1, head_dim]), device)
+        };
+        Rope { cos: table(&cos_rows), sin: table(&sin_rows) }
+    }
+
+    /// `x·cos + rotate_half(x)·sin` for `x: [tokens, heads, head_dim]`.
+    pub(crate) fn apply(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let half = x.dims()[2] / 2;
+        let rotated = Tensor::cat(vec![x.clone().narrow(2, half, half).neg(), x.clone().narrow(2, 0, half)], 2);
+        x * self.cos.clone() + rotated * self.sin.clone()
+    }
+}
