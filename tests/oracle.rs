@@ -65,12 +65,29 @@ fn fixtures_cover_the_shapes_that_break_scoring() {
         assert!(all.iter().any(|c| c.request[flag] == true), "{flag}");
     }
     assert!(all.iter().any(|c| c.request["query"].is_string()), "text input");
+    // Every family, from safetensors and from GGUF.
+    for family in ["qwen3", "llama", "qwen2"] {
+        for gguf in [false, true] {
+            let found = all.iter().any(|c| {
+                let dir = common::model(&c.model);
+                let is_gguf = dir.join(format!("{}.gguf", c.model)).is_file();
+                let arch = if is_gguf {
+                    c.model.split('-').next().unwrap().to_owned()
+                } else {
+                    let config: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+                    config["model_type"].as_str().unwrap().to_owned()
+                };
+                is_gguf == gguf && arch == family
+            });
+            assert!(found, "{family} {}", if gguf { "GGUF" } else { "safetensors" });
+        }
+    }
 }
 
 /// Each item run alone (a request with one item) must give what the packed pass gives.
 #[test]
 fn packed_scores_equal_per_item_runs() {
-    for name in ["tied_long_query", "untied_bf16_long_query", "tied_item_first"] {
+    for name in ["tied_long_query", "untied_bf16_long_query", "tied_item_first", "llama_gguf_long_query", "qwen2_gguf_k_quants"] {
         let case = case(name);
         let packed = scores(&score(&case.model, &case.request, &[]));
         for (i, item) in case.request["items"].as_array().unwrap().iter().enumerate() {

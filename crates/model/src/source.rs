@@ -104,7 +104,7 @@ impl ModelFiles {
             }
             ModelFiles::Gguf(file) => {
                 let vocabulary = GgufCheckpoint::open(file)?.vocabulary().map_err(WeightsError::from)?;
-                Ok(TokenizerSource::Gguf(Box::new(vocabulary)))
+                Ok(vocabulary.map_or(TokenizerSource::None, |v| TokenizerSource::Gguf(Box::new(v))))
             }
         }
     }

@@ -43,10 +43,14 @@ impl GgufCheckpoint {
         &self.config
     }
 
-    pub fn vocabulary(&self) -> Result<GgufVocabulary, GgufError> {
+    /// The tokenizer vocabulary; `None` when the file has none (token-id requests only).
+    pub fn vocabulary(&self) -> Result<Option<GgufVocabulary>, GgufError> {
         let f = &self.file;
+        if f.metadata("tokenizer.ggml.model").is_none() {
+            return Ok(None);
+        }
         let id = |key: &str| f.optional_usize(key).map(|id| id.and_then(|id| u32::try_from(id).ok()));
-        Ok(GgufVocabulary {
+        Ok(Some(GgufVocabulary {
             model: f.string("tokenizer.ggml.model")?.to_owned(),
             pre: f.metadata("tokenizer.ggml.pre").is_some().then(|| f.string("tokenizer.ggml.pre").map(str::to_owned)).transpose()?,
             tokens: f.strings("tokenizer.ggml.tokens")?.into_iter().map(str::to_owned).collect(),
@@ -58,7 +62,7 @@ impl GgufCheckpoint {
             bos_token_id: id("tokenizer.ggml.bos_token_id")?,
             // llama.cpp's default: add BOS unless the file says otherwise.
             add_bos: f.optional_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(true),
-        })
+        }))
     }
 
     /// The GGUF name of a Hugging Face tensor name.
