@@ -88,7 +88,7 @@ fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 fn broken_model_directories_name_the_file_or_tensor() {
     let request = json!({"query": [1], "items": [[2]], "label_token_ids": [1]}).to_string();
 
-    assert_rejected(Path::new("/nonexistent/model"), &request, "config.json");
+    assert_rejected(Path::new("/nonexistent/model"), &request, "/nonexistent/model");
 
     let no_weights = broken_copy("tied-gqa");
     std::fs::remove_file(no_weights.path().join("model.safetensors")).unwrap();
@@ -123,4 +123,65 @@ fn broken_model_directories_name_the_file_or_tensor() {
     let bad_tokenizer = broken_copy("wide-vocab");
     std::fs::write(bad_tokenizer.path().join("tokenizer.json"), "{}").unwrap();
     assert_rejected(bad_tokenizer.path(), &request, "tokenizer.json");
+}
+
+/// Edits the bytes of a GGUF fixture copy: `at(needle)` is the offset just past `needle`.
+fn broken_gguf(edit: impl FnOnce(&mut Vec<u8>, &dyn Fn(&[u8]) -> usize)) -> tempfile::TempDir {
+    let dir = broken_copy("llama-gguf");
+    let path = dir.path().join("llama-gguf.gguf");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let original = bytes.clone();
+    let at = move |needle: &[u8]| original.windows(needle.len()).position(|w| w == needle).expect("needle in the file") + needle.len();
+    edit(&mut bytes, &at);
+    std::fs::write(&path, bytes).unwrap();
+    dir
+}
+
+#[test]
+fn broken_gguf_files_get_clear_errors() {
+    let request = json!({"query": [1], "items": [[2]], "label_token_ids": [1]}).to_string();
+
+    let truncated = broken_gguf(|bytes, _| bytes.truncate(bytes.len() / 2));
+    assert_rejected(truncated.path(), &request, "lies outside the file");
+
+    let header_cut = broken_gguf(|bytes, at| bytes.truncate(at(b"llama.block_count")));
+    assert_rejected(header_cut.path(), &request, "truncated or corrupt");
+
+    let magic = broken_gguf(|bytes, _| bytes[..4].copy_from_slice(b"GGML"));
+    assert_rejected(magic.path(), &request, "not a GGUF file");
+
+    // A tensor's type id (after its name, dimension count and two dimensions) set to Q2_K.
+    let q2_k = broken_gguf(|bytes, at| {
+        let type_at = at(b"blk.0.attn_q.weight") + 4 + 2 * 8;
+        bytes[type_at..type_at + 4].copy_from_slice(&10u32.to_le_bytes());
+    });
+    assert_rejected(q2_k.path(), &request, "`blk.0.attn_q.weight` has type Q2_K");
+
+    let missing = broken_gguf(|bytes, at| bytes[at(b"blk.1.ffn_dow") - 1] = b'X');
+    assert_rejected(missing.path(), &request, "blk.1.ffn_down.weight");
+
+    // The metadata's feed-forward width no longer matches the tensors.
+    let shape = broken_gguf(|bytes, at| {
+        let value_at = at(b"llama.feed_forward_length") + 4;
+        bytes[value_at..value_at + 4].copy_from_slice(&100u32.to_le_bytes());
+    });
+    assert_rejected(shape.path(), &request, "expected [100, 64]");
+
+    let arch = broken_gguf(|bytes, at| {
+        let value_at = at(b"general.architecture") + 4 + 8;
+        bytes[value_at..value_at + 5].copy_from_slice(b"mamba");
+    });
+    assert_rejected(arch.path(), &request, "architecture `mamba` is not supported; tally runs: llama, qwen2, qwen3");
+
+    let heads = broken_gguf(|bytes, at| {
+        let value_at = at(b"llama.attention.head_count") + 4;
+        bytes[value_at..value_at + 4].copy_from_slice(&3u32.to_le_bytes());
+    });
+    assert_rejected(heads.path(), &request, "must be a multiple of num_key_value_heads");
+
+    let metadata_type = broken_gguf(|bytes, at| {
+        let type_at = at(b"llama.context_length");
+        bytes[type_at..type_at + 4].copy_from_slice(&6u32.to_le_bytes());
+    });
+    assert_rejected(metadata_type.path(), &request, "llama.context_length");
 }

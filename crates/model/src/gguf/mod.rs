@@ -307,6 +307,9 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, GgufError> {
     let mut tensors = HashMap::with_capacity(tensor_count);
     for (name, dims, kind, offset) in directory {
         let kind = TensorType::from_id(kind);
+        if let TensorType::Other(_) = kind {
+            return Err(GgufError::UnsupportedType { path: path.to_owned(), name, kind: kind.to_string() });
+        }
         let elements = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
         let len = elements.and_then(|n| kind.byte_len(n));
         let Some(len) = len else {

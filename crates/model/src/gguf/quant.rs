@@ -236,8 +236,9 @@ mod tests {
         assert_eq!(TensorType::from_id(10).to_string(), "Q2_K (GGML type 10)");
     }
 
-    /// Hand-made blocks with known values. The full tables (every type against the `gguf`
-    /// package's numpy dequantisation) are checked in `tests/gguf.rs`.
+    /// Hand-made blocks with known values. Every type is also checked end to end: the GGUF
+    /// fixtures (`tests/fixtures/models/*-gguf`) hold all eleven, and their expected scores come
+    /// from weights the `gguf` package dequantised.
     #[test]
     fn small_types_decode_hand_made_blocks() {
         let d = f16::from_f32(0.5).to_le_bytes();
