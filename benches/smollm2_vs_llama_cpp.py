@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Multi-item scoring on the real SmolLM2-135M-Instruct (Q4_1 GGUF), tally against llama.cpp, in
+the same run on the same CPU threads.
+
+Workload: a 200-token query, 100 items of 10 tokens, 2 labels; a fresh random query per request
+(no cross-request cache helps either side).
+- tally: `tally serve --backend cpu` over HTTP, one /v1/score request per query.
+- llama.cpp (PyPI `xllamacpp`), its best path for this: the query evaluated once with the prompt
+  cache on, then each item sent as a continuation of the cached query (`cache_prompt`), one
+  next-token distribution per item (`n_probs`).
+Reports items/s (median over requests, after one warm-up each) and the ratio; writes JSON.
+
+Usage: python3 benches/smollm2_vs_llama_cpp.py [--tally target/release/tally] [--requests 5]
+       [--out benches/results/smollm2-vs-llama-cpp-cpu.json]   (needs xllamacpp)
+"""
+
+import argparse
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import xllamacpp
+
+REPO = Path(__file__).resolve().parent.parent
+QUERY_TOKENS, ITEMS, ITEM_TOKENS = 200, 100, 10
+LABELS = [9230, 2838]  # " Yes", " No"
+THREADS = os.cpu_count()
+
+
+def workload(rng):
+    ids = lambda n: [rng.randrange(17, 49152) for _ in range(n)]  # ids 0-16 are control tokens
+    return ids(QUERY_TOKENS), [ids(ITEM_TOKENS) for _ in range(ITEMS)]
+
+
+def post(url, body):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(request, timeout=600).read())
+
+
+def time_tally(binary, model, requests, rng):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([binary, "serve", "--model", model, "--backend", "cpu", "--port", str(port), "--prefix-cache-mib", "0"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        seconds = []
+        for i in range(requests + 1):
+            query, items = workload(rng)
+            start = time.perf_counter()
+            reply = post(url + "/v1/score", {"query": query, "items": items, "label_token_ids": LABELS})
+            assert len(reply["scores"]) == ITEMS
+            if i > 0:
+                seconds.append(time.perf_counter() - start)
+        return seconds
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def time_llama_cpp(model, requests, rng):
+    params = xllamacpp.CommonParams()
+    params.model.path = model
+    params.n_ctx = 4096
+    params.cpuparams.n_threads = THREADS
+    server = xllamacpp.Server(params)
+    complete = lambda ids: server.handle_completions({"prompt": ids, "n_predict": 1, "n_probs": len(LABELS),
+                                                      "temperature": 0, "cache_prompt": True})
+    seconds = []
+    for i in range(requests + 1):
+        query, items = workload(rng)
+        start = time.perf_counter()
+        complete(query)
+        for item in items:
+            reply = complete(query + item)
+            assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] >= QUERY_TOKENS, "the query was not reused"
+        if i > 0:
+            seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def cpu_name():
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tally", default=os.environ.get("CARGO_TARGET_DIR", str(REPO / "target")) + "/release/tally")
+    parser.add_argument("--requests", type=int, default=5)
+    parser.add_argument("--out", default=str(REPO / "benches" / "results" / "smollm2-vs-llama-cpp-cpu.json"))
+    args = parser.parse_args()
+    model = subprocess.run([str(REPO / "scripts" / "fetch-smollm2.sh")], check=True, capture_output=True, text=True).stdout.strip()
+
+    tally = time_tally(args.tally, model, args.requests, random.Random(1))
+    llama = time_llama_cpp(model, args.requests, random.Random(1))
+    rate = lambda seconds: ITEMS / statistics.median(seconds)
+    result = {
+        "benchmark": "SmolLM2-135M-Instruct Q4_1, multi-item scoring",
+        "workload": {"query_tokens": QUERY_TOKENS, "items": ITEMS, "item_tokens": ITEM_TOKENS, "labels": len(LABELS),
+                     "requests": args.requests},
+        "machine": f"{cpu_name()} ({THREADS} threads)",
+        "tally": {"path": "tally serve --backend cpu, one /v1/score request", "items_per_s": rate(tally), "seconds": tally},
+        "llama_cpp": {"path": "xllamacpp: query cached once, each item a continuation (cache_prompt)",
+                      "version": xllamacpp.__version__, "items_per_s": rate(llama), "seconds": llama},
+        "tally_over_llama_cpp": rate(tally) / rate(llama),
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"tally {rate(tally):.1f} items/s, llama.cpp {rate(llama):.1f} items/s: {result['tally_over_llama_cpp']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
