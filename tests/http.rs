@@ -191,7 +191,10 @@ fn split_passes_and_prefix_cache_hits_change_nothing() {
 
 #[test]
 fn every_invalid_request_gets_a_4xx_json_error_and_the_server_keeps_serving() {
-    let server = Server::start("tied-gqa", &["--max-items-per-request", "3", "--max-body-bytes", "100000", "--max-tokens-per-request", "3000"]);
+    let server = Server::start(
+        "tied-gqa",
+        &["--max-items-per-request", "3", "--max-body-bytes", "100000", "--max-tokens-per-request", "3000", "--max-labels-per-request", "3"],
+    );
     let good = json!({"query": [1, 2], "items": [[3], [4, 5]], "label_token_ids": [6, 7]});
     let with = |field: &str, value: Value| {
         let mut r = good.clone();
@@ -226,6 +229,7 @@ fn every_invalid_request_gets_a_4xx_json_error_and_the_server_keeps_serving() {
         ("id beyond u32", with("label_token_ids", json!([1u64 << 40])), 422),
         ("too long for the model", with("query", json!(vec![1; 4096])), 400),
         ("too many items", with("items", json!([[1], [2], [3], [4]])), 413),
+        ("too many labels", with("label_token_ids", json!([1, 2, 3, 4])), 413),
         ("too many tokens", with("query", json!(vec![1; 2999])), 413),
         ("body too large", with("query", json!(vec![1; 60000])), 413),
     ];

@@ -86,8 +86,7 @@ fn label_logprobs_stream_the_vocabulary() {
     let label_rows: Vec<&[u32]> = (0..rows).map(|r| if r % 3 == 0 { second } else { first }).collect();
     let labels = LabelTable::new(&label_rows);
 
-    let device = Default::default();
-    let expected = host(label_logprobs::<Reference>(tensor(&hidden_values, [rows, hidden]), tensor(&head_values, [vocab, hidden]), labels.to_tensor(&device)));
+    let expected = host(label_logprobs::<Reference>(tensor(&hidden_values, [rows, hidden]), tensor(&head_values, [vocab, hidden]), &labels));
 
     let gpu_hidden = tensor::<Gpu, 2>(&hidden_values, [rows, hidden]);
     let gpu_head = tensor::<Gpu, 2>(&head_values, [vocab, hidden]);

@@ -163,6 +163,10 @@ pub struct ServeArgs {
     /// Items per request before 413.
     #[arg(long, default_value_t = 4096)]
     pub max_items_per_request: usize,
+    /// Label token ids per request before 413. Each pass's label logits (items × labels) are
+    /// bounded by the pass planner whatever this is.
+    #[arg(long, default_value_t = 4096)]
+    pub max_labels_per_request: usize,
     /// Prompt tokens per request (query + items) before 413.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_tokens_per_request: usize,

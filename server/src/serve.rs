@@ -42,6 +42,7 @@ impl WithBackend for ServeArgs {
         let scheduler = Scheduler::start(scorer, SchedulerOptions { max_queue: self.max_queue, max_batch_tokens: self.max_batch_tokens });
         let limits = ServerLimits {
             max_items: self.max_items_per_request,
+            max_labels: self.max_labels_per_request,
             max_tokens: self.max_tokens_per_request,
             max_body_bytes: self.max_body_bytes,
             timeout: Duration::from_secs_f64(self.request_timeout_secs),

@@ -2,7 +2,8 @@
 //!
 //! A pass pads its items to its longest one, so items are grouped by length; each pass stays
 //! under a token budget and an attention budget (the score cells of item rows against their
-//! prefix and their own item), which bound activation memory whatever the requests' sizes.
+//! prefix and their own item) and a label budget (item rows × the labels of the pass's requests,
+//! the LM head's output), which bound activation memory whatever the requests' sizes.
 
 /// Upper bounds for one items pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,19 +12,24 @@ pub struct PassBudget {
     pub max_tokens: usize,
     /// Attention score cells per pass and per head: padded item tokens × (prefix + item length).
     pub max_attention_cells: usize,
+    /// Label logits per pass: items × the labels of all requests in the pass.
+    pub max_label_cells: usize,
 }
 
 impl Default for PassBudget {
     fn default() -> Self {
-        PassBudget { max_tokens: 8192, max_attention_cells: 1 << 24 }
+        PassBudget { max_tokens: 8192, max_attention_cells: 1 << 24, max_label_cells: 1 << 24 }
     }
 }
 
-/// One item to schedule: its own length and the length of the prefix it attends to.
+/// One item to schedule: its own length, the length of the prefix it attends to, and its
+/// request (`group`) with that request's number of labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ItemShape {
     pub prefix_len: usize,
     pub len: usize,
+    pub group: usize,
+    pub labels: usize,
 }
 
 /// Groups item indices into passes. Every item lands in exactly one pass; an item too large for
@@ -34,17 +40,29 @@ pub fn plan_passes(items: &[ItemShape], budget: PassBudget) -> Vec<Vec<usize>> {
     let mut passes: Vec<Vec<usize>> = Vec::new();
     let mut current: Vec<usize> = Vec::new();
     let mut prefix_sum = 0;
+    // The requests in the current pass and the sum of their label counts.
+    let mut groups: Vec<usize> = Vec::new();
+    let mut label_sum = 0;
     for index in order {
+        let item = items[index];
         // Items come sorted by length, so this item sets the padded length of the pass.
-        let padded = items[index].len;
+        let padded = item.len;
         let count = current.len() + 1;
-        let cells = padded * (prefix_sum + items[index].prefix_len + count * padded);
-        if (count * padded > budget.max_tokens || cells > budget.max_attention_cells) && !current.is_empty() {
+        let cells = padded * (prefix_sum + item.prefix_len + count * padded);
+        let new_group = !groups.contains(&item.group);
+        let label_cells = count * (label_sum + if new_group { item.labels } else { 0 });
+        let over = count * padded > budget.max_tokens || cells > budget.max_attention_cells || label_cells > budget.max_label_cells;
+        if over && !current.is_empty() {
             passes.push(std::mem::take(&mut current));
-            prefix_sum = 0;
+            (prefix_sum, label_sum) = (0, 0);
+            groups.clear();
+        }
+        if !groups.contains(&item.group) {
+            groups.push(item.group);
+            label_sum += item.labels;
         }
         current.push(index);
-        prefix_sum += items[index].prefix_len;
+        prefix_sum += item.prefix_len;
     }
     if !current.is_empty() {
         passes.push(current);
@@ -56,8 +74,10 @@ pub fn plan_passes(items: &[ItemShape], budget: PassBudget) -> Vec<Vec<usize>> {
 mod tests {
     use super::*;
 
+    const UNLIMITED: PassBudget = PassBudget { max_tokens: usize::MAX, max_attention_cells: usize::MAX, max_label_cells: usize::MAX };
+
     fn shapes(prefix_len: usize, lens: &[usize]) -> Vec<ItemShape> {
-        lens.iter().map(|&len| ItemShape { prefix_len, len }).collect()
+        lens.iter().map(|&len| ItemShape { prefix_len, len, group: 0, labels: 2 }).collect()
     }
 
     #[test]
@@ -69,25 +89,41 @@ mod tests {
     fn splits_by_tokens_and_by_attention_cells() {
         let lens = [4, 4, 4, 4, 1];
         let (no_prefix, long_prefix) = (shapes(0, &lens), shapes(100, &lens));
-        let by_tokens = plan_passes(&no_prefix, PassBudget { max_tokens: 8, max_attention_cells: usize::MAX });
+        let by_tokens = plan_passes(&no_prefix, PassBudget { max_tokens: 8, ..UNLIMITED });
         assert_eq!(by_tokens, vec![vec![4, 0], vec![1, 2], vec![3]]);
         // Two items padded to 4 rows cost 2 × 4 × (100 + 4) = 832 cells > 800: one item per pass.
-        let by_cells = plan_passes(&long_prefix, PassBudget { max_tokens: usize::MAX, max_attention_cells: 800 });
+        let by_cells = plan_passes(&long_prefix, PassBudget { max_attention_cells: 800, ..UNLIMITED });
         assert_eq!(by_cells, vec![vec![4], vec![0], vec![1], vec![2], vec![3]]);
     }
 
     #[test]
     fn an_oversized_item_gets_its_own_pass() {
-        let passes = plan_passes(&shapes(0, &[1, 50, 1]), PassBudget { max_tokens: 10, max_attention_cells: usize::MAX });
+        let passes = plan_passes(&shapes(0, &[1, 50, 1]), PassBudget { max_tokens: 10, ..UNLIMITED });
         assert_eq!(passes, vec![vec![0, 2], vec![1]]);
     }
 
     #[test]
     fn attention_cost_counts_each_items_own_prefix() {
         // Two 2-token items: 2 × (10 + 2) + 2 × (30 + 2) = 88 cells > 80, so they split.
-        let mixed = [ItemShape { prefix_len: 10, len: 2 }, ItemShape { prefix_len: 30, len: 2 }];
-        let budget = PassBudget { max_tokens: usize::MAX, max_attention_cells: 80 };
+        let mixed = [ItemShape { prefix_len: 10, len: 2, group: 0, labels: 2 }, ItemShape { prefix_len: 30, len: 2, group: 1, labels: 2 }];
+        let budget = PassBudget { max_attention_cells: 80, ..UNLIMITED };
         assert_eq!(plan_passes(&mixed, budget), vec![vec![0], vec![1]]);
         assert_eq!(plan_passes(&mixed, PassBudget { max_attention_cells: 88, ..budget }), vec![vec![0, 1]]);
+    }
+
+    #[test]
+    fn label_cells_count_each_requests_labels_once() {
+        // Request 0: 3 items × 1,000 labels; request 1: 1 item × 10 labels.
+        let mut items: Vec<ItemShape> = (0..3).map(|_| ItemShape { prefix_len: 0, len: 1, group: 0, labels: 1000 }).collect();
+        items.push(ItemShape { prefix_len: 0, len: 1, group: 1, labels: 10 });
+        // All four: 4 × 1,010 = 4,040 cells.
+        assert_eq!(plan_passes(&items, PassBudget { max_label_cells: 4040, ..UNLIMITED }).len(), 1);
+        let passes = plan_passes(&items, PassBudget { max_label_cells: 2000, ..UNLIMITED });
+        // A third item of request 0 (3,000) or adding request 1 to it (2 × 1,010) is too much.
+        assert_eq!(passes, vec![vec![0, 1], vec![2], vec![3]]);
+        for pass in passes {
+            let labels: usize = [0, 1].iter().filter(|g| pass.iter().any(|&i| items[i].group == **g)).map(|&g| if g == 0 { 1000 } else { 10 }).sum();
+            assert!(pass.len() * labels <= 2000);
+        }
     }
 }

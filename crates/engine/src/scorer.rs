@@ -112,7 +112,7 @@ impl<B: ScoringBackend> Scorer<B> {
             .collect();
         // (request, item) for every item of the batch.
         let entries: Vec<(usize, usize)> = sequences.iter().enumerate().flat_map(|(r, items)| (0..items.len()).map(move |i| (r, i))).collect();
-        let shapes: Vec<ItemShape> = entries.iter().map(|&(r, i)| ItemShape { prefix_len: queries[r].len(), len: sequences[r][i].len() }).collect();
+        let shapes: Vec<ItemShape> = entries.iter().map(|&(r, i)| ItemShape { prefix_len: queries[r].len(), len: sequences[r][i].len(), group: r, labels: inputs[r].labels.len() }).collect();
 
         let mut scores: Vec<Vec<Vec<f64>>> = inputs.iter().map(|input| vec![Vec::new(); input.items.len()]).collect();
         for mut pass in plan_passes(&shapes, self.options.pass_budget) {

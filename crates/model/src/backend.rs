@@ -2,11 +2,11 @@
 //! path and the reference), CubeCL kernels on CubeCL backends (feature `cubecl`, see
 //! [`crate::cube`]).
 
-use burn::tensor::{backend::Backend, Int, Tensor};
+use burn::tensor::{backend::Backend, Tensor};
 
 use crate::attention::{self, PrefixKv};
 use crate::layout::ItemLayout;
-use crate::lm_head;
+use crate::lm_head::{self, LabelTable};
 
 /// A Burn backend tally can score on.
 pub trait ScoringBackend: Backend {
@@ -22,7 +22,7 @@ pub trait ScoringBackend: Backend {
     }
 
     /// Full-vocabulary log-probabilities of each row's labels: see [`lm_head::label_logprobs`].
-    fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: Tensor<Self, 2, Int>) -> Tensor<Self, 2> {
+    fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {
         lm_head::label_logprobs(hidden, head, labels)
     }
 }

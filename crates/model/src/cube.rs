@@ -1,7 +1,7 @@
 //! [`ScoringBackend`] on CubeCL backends (wgpu, CUDA): the kernels of `tally-shaders`, on
 //! plain `CubeBackend`s and through Burn's fusion layer (the default `Wgpu`/`Cuda` types).
 
-use burn::tensor::{Int, Tensor, TensorPrimitive};
+use burn::tensor::{Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr};
@@ -10,7 +10,7 @@ use tally_shaders::{MultiItemAttention, StreamedLabelLogprobs};
 use crate::attention::PrefixKv;
 use crate::backend::ScoringBackend;
 use crate::layout::ItemLayout;
-use crate::lm_head::VOCAB_CHUNK;
+use crate::lm_head::{LabelTable, VOCAB_CHUNK};
 
 impl<R, F, I, BT> ScoringBackend for CubeBackend<R, F, I, BT>
 where
@@ -55,10 +55,10 @@ where
         Tensor::from_primitive(TensorPrimitive::Float(attention.run()))
     }
 
-    fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: Tensor<Self, 2, Int>) -> Tensor<Self, 2> {
+    fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {
         let dtype = hidden.dtype();
         let vocab = head.dims()[0];
-        let mut stream = StreamedLabelLogprobs::new(labels.into_primitive());
+        let mut stream = StreamedLabelLogprobs::new(labels.to_tensor::<Self>(&hidden.device()).into_primitive());
         for start in (0..vocab).step_by(VOCAB_CHUNK) {
             let chunk = VOCAB_CHUNK.min(vocab - start);
             let logits = hidden.clone().matmul(head.clone().narrow(0, start, chunk).transpose());
@@ -86,10 +86,8 @@ impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
         into_fusion(output, &client)
     }
 
-    fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: Tensor<Self, 2, Int>) -> Tensor<Self, 2> {
+    fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {
         let client = fusion_client(&hidden);
-        let labels = labels.into_primitive();
-        let labels = Tensor::from_primitive(labels.client.clone().resolve_tensor_int::<B>(labels));
         into_fusion(B::label_logprobs(settle(hidden), settle(head), labels), &client)
     }
 }

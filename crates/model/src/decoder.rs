@@ -172,12 +172,12 @@ impl<B: ScoringBackend> DecoderModel<B> {
 
     /// Logits of each row's labels, `[rows, labels.width()]`.
     pub fn label_logits(&self, hidden: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
-        lm_head::label_logits(hidden, self.head(), labels.to_tensor(&self.device()))
+        lm_head::label_logits(hidden, self.head(), labels)
     }
 
     /// Full-vocabulary log-probabilities of each row's labels, `[rows, labels.width()]`.
     pub fn label_logprobs(&self, hidden: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
-        B::label_logprobs(hidden, self.head(), labels.to_tensor(&self.device()))
+        B::label_logprobs(hidden, self.head(), labels)
     }
 
     fn head(&self) -> Tensor<B, 2> {

@@ -9,19 +9,25 @@ pub const VOCAB_CHUNK: usize = 16_384;
 
 /// The label ids of every scored row, `[rows, width]`: rows of one request share its labels;
 /// a row with fewer labels than `width` repeats its first one (those columns are ignored).
+/// Also the pass's distinct labels, so the head's label rows are gathered once, not per row.
 #[derive(Clone, Debug)]
 pub struct LabelTable {
     ids: Vec<u32>,
     rows: usize,
     width: usize,
+    /// Sorted, without repeats.
+    distinct: Vec<u32>,
 }
 
 impl LabelTable {
     /// One label list per row (each non-empty).
     pub fn new(rows: &[&[u32]]) -> Self {
         let width = rows.iter().map(|labels| labels.len()).max().unwrap_or(0);
-        let ids = rows.iter().flat_map(|labels| (0..width).map(move |j| *labels.get(j).unwrap_or(&labels[0]))).collect();
-        LabelTable { ids, rows: rows.len(), width }
+        let ids: Vec<u32> = rows.iter().flat_map(|labels| (0..width).map(move |j| *labels.get(j).unwrap_or(&labels[0]))).collect();
+        let mut distinct = ids.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        LabelTable { ids, rows: rows.len(), width, distinct }
     }
 
     pub fn width(&self) -> usize {
@@ -32,18 +38,28 @@ impl LabelTable {
         let ids: Vec<i64> = self.ids.iter().map(|&id| id as i64).collect();
         Tensor::from_data(TensorData::new(ids, [self.rows, self.width]), device)
     }
+
+    /// The distinct label ids `[d]`, and where each row's labels sit among them `[rows, width]`.
+    fn distinct_and_columns<B: Backend>(&self, device: &B::Device) -> (Tensor<B, 1, Int>, Tensor<B, 2, Int>) {
+        let columns: Vec<i64> = self.ids.iter().map(|id| self.distinct.binary_search(id).expect("every id is distinct's") as i64).collect();
+        let distinct: Vec<i64> = self.distinct.iter().map(|&id| id as i64).collect();
+        (
+            Tensor::from_data(TensorData::new(distinct, [self.distinct.len()]), device),
+            Tensor::from_data(TensorData::new(columns, [self.rows, self.width]), device),
+        )
+    }
 }
 
 /// Logits of each row's labels, `[rows, width]`. `hidden`: `[rows, hidden]`; `head`: `[vocab, hidden]`.
-pub fn label_logits<B: Backend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>, labels: Tensor<B, 2, Int>) -> Tensor<B, 2> {
-    let [rows, width] = labels.dims();
-    let size = hidden.dims()[1];
-    let label_rows = head.select(0, labels.reshape([rows * width])).reshape([rows, width, size]);
-    (label_rows * hidden.unsqueeze_dim::<3>(1)).sum_dim(2).reshape([rows, width])
+/// The pass's distinct label rows of the head are gathered once and multiplied in one matmul:
+/// memory `rows × distinct + distinct × hidden`, never `rows × width × hidden`.
+pub fn label_logits<B: Backend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
+    let (distinct, columns) = labels.distinct_and_columns::<B>(&hidden.device());
+    hidden.matmul(head.select(0, distinct).transpose()).gather(1, columns)
 }
 
 /// Full-vocabulary log-probabilities of each row's labels, `[rows, width]`.
-pub fn label_logprobs<B: Backend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>, labels: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+pub fn label_logprobs<B: Backend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
     let log_normalizer = log_normalizer(hidden.clone(), head.clone());
     label_logits(hidden, head, labels) - log_normalizer
 }
@@ -67,4 +83,35 @@ fn log_normalizer<B: Backend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>) -> Tenso
     }
     let (max, sum) = running.expect("vocab_size > 0");
     max + sum.log()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Cpu = burn::backend::NdArray<f32>;
+
+    /// Rows of two requests with different, overlapping label lists: each row's logits are its
+    /// own labels' dot products, in its own order.
+    #[test]
+    fn label_logits_gather_each_rows_own_labels() {
+        let device = Default::default();
+        let (vocab, size) = (7, 3);
+        let head: Vec<f32> = (0..vocab * size).map(|v| (v as f32 * 0.37).sin()).collect();
+        let hidden: Vec<f32> = (0..2 * size).map(|v| (v as f32 * 0.91).cos()).collect();
+        let rows: [&[u32]; 2] = [&[6, 2, 4], &[2, 5]];
+        let table = LabelTable::new(&rows);
+        let got = label_logits::<Cpu>(
+            Tensor::from_data(TensorData::new(hidden.clone(), [2, size]), &device),
+            Tensor::from_data(TensorData::new(head.clone(), [vocab, size]), &device),
+            &table,
+        );
+        let got = got.into_data().to_vec::<f32>().unwrap();
+        let dot = |row: usize, label: u32| (0..size).map(|k| hidden[row * size + k] * head[label as usize * size + k]).sum::<f32>();
+        // The second row repeats its first label in the padding column.
+        let expected = [dot(0, 6), dot(0, 2), dot(0, 4), dot(1, 2), dot(1, 5), dot(1, 2)];
+        for (g, e) in got.iter().zip(expected) {
+            assert!((g - e).abs() < 1e-6, "{got:?} vs {expected:?}");
+        }
+    }
 }

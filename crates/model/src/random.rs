@@ -190,6 +190,15 @@ mod tests {
     use crate::weights::{Checkpoint, TensorSource};
 
     #[test]
+    fn every_preset_config_reads_back_as_written() {
+        for name in crate::presets::PRESETS {
+            let config = crate::presets::preset(name).unwrap();
+            let read = ModelConfig::from_json(&hf_config(&config).to_string()).unwrap();
+            assert_eq!(read, config, "{name}");
+        }
+    }
+
+    #[test]
     fn a_written_checkpoint_reads_back_whole_and_sharded() {
         let config = crate::presets::preset("tiny").unwrap();
         for max_shard_bytes in [usize::MAX, 1 << 20] {

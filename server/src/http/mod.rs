@@ -26,6 +26,7 @@ use rerank::RerankTemplate;
 #[derive(Debug, Clone, Copy)]
 pub struct ServerLimits {
     pub max_items: usize,
+    pub max_labels: usize,
     pub max_tokens: usize,
     pub max_body_bytes: usize,
     pub timeout: Duration,
@@ -64,6 +65,14 @@ impl AppState {
         if items > self.limits.max_items {
             let message = format!("request has {items} items; this server takes at most {}", self.limits.max_items);
             return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).with_param("items"));
+        }
+        Ok(())
+    }
+
+    fn check_labels(&self, labels: usize) -> Result<(), ApiError> {
+        if labels > self.limits.max_labels {
+            let message = format!("request has {labels} label token ids; this server takes at most {}", self.limits.max_labels);
+            return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).with_param("label_token_ids"));
         }
         Ok(())
     }

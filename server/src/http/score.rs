@@ -15,6 +15,7 @@ pub async fn score(State(state): State<Arc<AppState>>, body: Result<Bytes, Bytes
     let body = body.map_err(ApiError::unreadable_body)?;
     let request: ScoreRequest = serde_json::from_slice(&body).map_err(ApiError::malformed)?;
     state.check_items(request.items.len())?;
+    state.check_labels(request.label_token_ids.len())?;
     let input = state.preparer.prepare(&request)?;
     let prompt_tokens = input.prompt_tokens();
     let scores = state.score(input).await?;
