@@ -71,3 +71,29 @@ fn prefix_cache_hits_equal_fresh_prefills() {
     let fresh = scorer(0).score_batch(&[&other]).unwrap();
     assert_eq!(partial, fresh);
 }
+
+/// A request nobody waits for any more is dropped between passes; the others keep their answers.
+#[test]
+fn abandoned_requests_stop_between_passes() {
+    let options = ScorerOptions { pass_budget: tally_core::PassBudget { max_tokens: 8, ..Default::default() }, prefix_cache_bytes: 0 };
+    let mut scorer = Scorer::<Cpu>::load(&fixtures().join("models/tied-gqa"), &Default::default(), options).unwrap();
+    let (kept, expected) = case("tied_one_token_query_many_items");
+    let (abandoned, _) = case("tied_long_query");
+    let inputs: Vec<ScoreInput> = [&kept, &abandoned].iter().map(|request| scorer.preparer().prepare(request).unwrap()).collect();
+    let inputs: Vec<&ScoreInput> = inputs.iter().collect();
+    // Request 1's client leaves after the batch has started (its query and first pass).
+    let asked = std::cell::Cell::new(0);
+    let wanted = |r: usize| {
+        if r == 1 {
+            asked.set(asked.get() + 1);
+        }
+        r == 0 || asked.get() <= 2
+    };
+    let scores = scorer.score_batch_while(&inputs, &wanted).unwrap();
+    assert!(asked.get() > 2, "the batch never asked again");
+    assert!(scores[1].is_none());
+    assert_close(scores[0].as_ref().unwrap(), &expected, 1e-3);
+    let stats = scorer.stats();
+    assert_eq!(stats.requests_abandoned.load(Relaxed), 1);
+    assert_eq!(stats.items_scored.load(Relaxed), expected.len() as u64);
+}

@@ -35,11 +35,15 @@ impl Server {
             .spawn()
             .expect("tally serve starts");
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut log = Vec::new();
         let url = loop {
-            let line = lines.next().expect("server log ends before it listens").unwrap();
+            let Some(Ok(line)) = lines.next() else {
+                panic!("tally serve exited before it listened; its log:\n{}", log.join("\n"));
+            };
             if let Some(at) = line.find("listening on http://") {
                 break line[at + "listening on ".len()..].trim().to_owned();
             }
+            log.push(line);
         };
         // Keep draining the log so the server never blocks on a full pipe.
         std::thread::spawn(move || lines.for_each(drop));
@@ -137,6 +141,9 @@ fn score_endpoint_matches_the_reference_and_the_cli() {
 #[cfg(feature = "wgpu")]
 #[test]
 fn the_wgpu_backend_matches_the_reference() {
+    if !common::gpu::gpu_or_skip("the_wgpu_backend_matches_the_reference") {
+        return;
+    }
     let cases = cases();
     for (model_name, model_cases) in cases_by_model(&cases) {
         let server = Server::start(model_name, &["--backend", "wgpu"]);
@@ -193,7 +200,7 @@ fn split_passes_and_prefix_cache_hits_change_nothing() {
 fn every_invalid_request_gets_a_4xx_json_error_and_the_server_keeps_serving() {
     let server = Server::start(
         "tied-gqa",
-        &["--max-items-per-request", "3", "--max-body-bytes", "100000", "--max-tokens-per-request", "3000", "--max-labels-per-request", "3"],
+        &["--max-items-per-request", "3", "--max-body-bytes", "100000", "--max-tokens-per-request", "3000", "--max-labels-per-request", "3", "--max-text-bytes-per-request", "1000"],
     );
     let good = json!({"query": [1, 2], "items": [[3], [4, 5]], "label_token_ids": [6, 7]});
     let with = |field: &str, value: Value| {
@@ -230,6 +237,7 @@ fn every_invalid_request_gets_a_4xx_json_error_and_the_server_keeps_serving() {
         ("too long for the model", with("query", json!(vec![1; 4096])), 400),
         ("too many items", with("items", json!([[1], [2], [3], [4]])), 413),
         ("too many labels", with("label_token_ids", json!([1, 2, 3, 4])), 413),
+        ("too much text", json!({"query": "q".repeat(600), "items": ["i".repeat(600)], "label_token_ids": [1]}).to_string(), 413),
         ("too many tokens", with("query", json!(vec![1; 2999])), 413),
         ("body too large", with("query", json!(vec![1; 60000])), 413),
     ];
@@ -271,6 +279,23 @@ fn rerank_orders_documents_by_yes_probability() {
     assert_eq!(status, 200, "{plain}");
     assert!(plain["results"][0].get("document").is_none());
     assert!(plain["id"].as_str().unwrap().starts_with("rerank-"));
+
+    // Placeholders in user text stay text: the template is filled once.
+    let tricky = server.post("/v1/rerank", &json!({"query": "{instruction} {document}", "documents": ["{query}"]}).to_string());
+    assert_eq!(tricky.0, 200, "{}", tricky.1);
+    for (what, body, param) in [
+        ("empty query", json!({"query": "", "documents": ["a"]}), "query"),
+        ("empty document", json!({"query": "q", "documents": ["a", ""]}), "documents"),
+        ("another model", json!({"query": "q", "documents": ["a"], "model": "gpt-4"}), "model"),
+    ] {
+        let (status, error) = server.post("/v1/rerank", &body.to_string());
+        let expected = if param == "model" { 404 } else { 400 };
+        assert_eq!((status, error["param"].as_str()), (expected, Some(param)), "{what}: {error}");
+    }
+    let (status, error) = server.post("/v1/score", &json!({"query": "q", "items": ["a"], "label_token_ids": [1], "model": "gpt-4"}).to_string());
+    assert_eq!((status, error["param"].as_str()), (404, Some("model")), "{error}");
+    let named = server.score(&json!({"query": "q", "items": ["a"], "label_token_ids": [1], "model": "wide-vocab"}));
+    assert_eq!(named.len(), 1);
 }
 
 #[test]
@@ -349,6 +374,15 @@ fn overload_answers_503_with_retry_after_and_late_requests_504() {
     let impatient = Server::start("tied-gqa", &["--request-timeout-secs", "0.000001"]);
     let (status, body) = impatient.post("/v1/score", &request);
     assert_eq!((status, body["object"].as_str()), (504, Some("error")), "{body}");
+    // The model thread drops the expired request instead of scoring it for nobody.
+    for _ in 0..100 {
+        if impatient.metric("tally_requests_abandoned_total") >= 1.0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(impatient.metric("tally_requests_abandoned_total"), 1.0);
+    assert_eq!(impatient.metric("tally_items_scored_total"), 0.0);
 }
 
 /// A repo id already in the standard HF cache is served from there, with no network.

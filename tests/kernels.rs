@@ -7,6 +7,8 @@
 //! f16 runs in its own test binary (`kernels_f16.rs`): a CubeCL backend of another float type on
 //! the same device changes the dtype that device gives new tensors, for the whole process.
 
+#[path = "common/gpu.rs"]
+mod gpu;
 mod kernel_cases;
 
 use burn::tensor::{Tensor, TensorPrimitive};
@@ -24,29 +26,44 @@ fn check_attention(case: Case, seed: u64) {
 
 #[test]
 fn attention_one_token_prefix_and_tile_edge_items() {
+    if !gpu::gpu_or_skip("attention_one_token_prefix_and_tile_edge_items") {
+        return;
+    }
     // Items of 1, 17 and 65 tokens straddle the 16-key tiles and 64-row cubes.
     check_attention(Case { groups: vec![(1, vec![1, 17, 65, 2])], q_heads: 4, kv_heads: 4, head_dim: 16 }, 1);
 }
 
 #[test]
 fn attention_long_prefix_gqa4_head_dim_64() {
+    if !gpu::gpu_or_skip("attention_long_prefix_gqa4_head_dim_64") {
+        return;
+    }
     check_attention(Case { groups: vec![(2050, vec![20, 7, 65, 1, 33])], q_heads: 8, kv_heads: 2, head_dim: 64 }, 2);
 }
 
 #[test]
 fn attention_qwen3_heads_head_dim_128_several_groups() {
+    if !gpu::gpu_or_skip("attention_qwen3_heads_head_dim_128_several_groups") {
+        return;
+    }
     // Qwen3-0.6B's heads (16 q / 8 kv, head_dim 128); groups with different prefixes, one empty.
     check_attention(Case { groups: vec![(2020, vec![20, 20, 3]), (0, vec![5, 1]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128 }, 3);
 }
 
 #[test]
 fn attention_500_uneven_items() {
+    if !gpu::gpu_or_skip("attention_500_uneven_items") {
+        return;
+    }
     let items: Vec<usize> = (0..500).map(|i| 1 + (i * 7) % 23).collect();
     check_attention(Case { groups: vec![(130, items)], q_heads: 4, kv_heads: 2, head_dim: 16 }, 4);
 }
 
 #[test]
 fn attention_query_prefill_is_one_causal_item() {
+    if !gpu::gpu_or_skip("attention_query_prefill_is_one_causal_item") {
+        return;
+    }
     // How the query itself runs: one item, no prefix (the first chunk) or the earlier chunks.
     check_attention(Case { groups: vec![(0, vec![300])], q_heads: 2, kv_heads: 1, head_dim: 64 }, 5);
     check_attention(Case { groups: vec![(512, vec![129])], q_heads: 2, kv_heads: 1, head_dim: 64 }, 6);
@@ -54,6 +71,9 @@ fn attention_query_prefill_is_one_causal_item() {
 
 #[test]
 fn attention_tiles_mix_whole_items_and_pieces_of_long_ones() {
+    if !gpu::gpu_or_skip("attention_tiles_mix_whole_items_and_pieces_of_long_ones") {
+        return;
+    }
     // 64-token tiles at GQA 2: short items share tiles, a 150-token item is cut in three and
     // the next item shares its last piece's tile; a group boundary closes a tile.
     check_attention(Case { groups: vec![(9, vec![3, 150, 5, 30, 64, 1]), (4, vec![2, 2])], q_heads: 4, kv_heads: 2, head_dim: 16 }, 8);
@@ -61,6 +81,9 @@ fn attention_tiles_mix_whole_items_and_pieces_of_long_ones() {
 
 #[test]
 fn attention_through_the_fusion_backend_matches() {
+    if !gpu::gpu_or_skip("attention_through_the_fusion_backend_matches") {
+        return;
+    }
     // The default `Wgpu` type goes through Burn's fusion layer: the wiring in tally-model.
     type Fused = burn::backend::Wgpu<f32>;
     let case = Case { groups: vec![(40, vec![3, 9]), (7, vec![18])], q_heads: 4, kv_heads: 2, head_dim: 32 };
@@ -78,6 +101,9 @@ fn attention_through_the_fusion_backend_matches() {
 /// the first, middle and last chunk and on a chunk edge; rows with different label counts.
 #[test]
 fn label_logprobs_stream_the_vocabulary() {
+    if !gpu::gpu_or_skip("label_logprobs_stream_the_vocabulary") {
+        return;
+    }
     let (rows, hidden, vocab) = (37, 48, 2 * tally_model::lm_head::VOCAB_CHUNK + 1000);
     let hidden_values = random(11, rows * hidden, 1.0);
     let head_values = random(12, vocab * hidden, 0.5);

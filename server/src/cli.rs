@@ -170,6 +170,9 @@ pub struct ServeArgs {
     /// Prompt tokens per request (query + items) before 413.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_tokens_per_request: usize,
+    /// Bytes of query and item text per request before 413, checked before tokenizing.
+    #[arg(long, default_value_t = 8 << 20)]
+    pub max_text_bytes_per_request: usize,
     /// Request body size before 413.
     #[arg(long, default_value_t = 64 << 20)]
     pub max_body_bytes: usize,

@@ -45,6 +45,7 @@ impl WithBackend for ServeArgs {
             max_labels: self.max_labels_per_request,
             max_tokens: self.max_tokens_per_request,
             max_body_bytes: self.max_body_bytes,
+            max_text_bytes: self.max_text_bytes_per_request,
             timeout: Duration::from_secs_f64(self.request_timeout_secs),
         };
         tracing::info!(model = %dir.display(), backend = ?std::any::type_name::<B>(), "model loaded");

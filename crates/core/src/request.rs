@@ -37,6 +37,23 @@ pub enum Items {
     Ids(Vec<Vec<i64>>),
 }
 
+impl ScoreRequest {
+    /// Bytes of text in the query and items (0 for token ids): a cheap bound on tokenization
+    /// work, known before any of it is done.
+    pub fn text_bytes(&self) -> usize {
+        let query = match &self.query {
+            Query::Text(text) => text.len(),
+            Query::Ids(_) => 0,
+        };
+        let items = match &self.items {
+            Items::Text(text) => text.len(),
+            Items::Texts(texts) => texts.iter().map(String::len).sum(),
+            Items::Ids(_) => 0,
+        };
+        query + items
+    }
+}
+
 impl Items {
     pub fn len(&self) -> usize {
         match self {

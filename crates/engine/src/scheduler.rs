@@ -27,7 +27,7 @@ pub struct SchedulerOptions {
 pub enum ScheduleError {
     #[error("the server is at capacity ({0} requests queued); retry later")]
     QueueFull(usize),
-    #[error("the request waited past its deadline before it could be scored")]
+    #[error("the request passed its deadline before it could be scored")]
     Expired,
     #[error("scoring failed: {0}")]
     Failed(String),
@@ -111,23 +111,17 @@ fn run_worker<B: ScoringBackend>(mut scorer: Scorer<B>, jobs: Receiver<Job>, opt
         }
         stats.queue_depth.fetch_sub(batch.len() as i64, Relaxed);
 
-        let now = Instant::now();
-        let (live, expired): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|job| job.deadline > now);
-        for job in expired {
-            let _ = job.reply.send(Err(ScheduleError::Expired));
-        }
-        if live.is_empty() {
-            continue;
-        }
-        let inputs: Vec<&ScoreInput> = live.iter().map(|job| &job.input).collect();
+        let inputs: Vec<&ScoreInput> = batch.iter().map(|job| &job.input).collect();
+        // Asked before each query and each pass: work for a client that left or gave up stops.
+        let wanted = |r: usize| !batch[r].reply.is_closed() && batch[r].deadline > Instant::now();
         // A bug in a backend must fail these requests, not kill the worker and every later request.
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scorer.score_batch(&inputs)));
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scorer.score_batch_while(&inputs, &wanted)));
         let results: Vec<ScoreResult> = match outcome {
-            Ok(Ok(scores)) => scores.into_iter().map(Ok).collect(),
-            Ok(Err(error)) => live.iter().map(|_| Err(ScheduleError::Failed(error.to_string()))).collect(),
-            Err(_) => live.iter().map(|_| Err(ScheduleError::Failed("the model panicked; see the server log".into()))).collect(),
+            Ok(Ok(scores)) => scores.into_iter().map(|s| s.ok_or(ScheduleError::Expired)).collect(),
+            Ok(Err(error)) => batch.iter().map(|_| Err(ScheduleError::Failed(error.to_string()))).collect(),
+            Err(_) => batch.iter().map(|_| Err(ScheduleError::Failed("the model panicked; see the server log".into()))).collect(),
         };
-        for (job, result) in live.into_iter().zip(results) {
+        for (job, result) in batch.into_iter().zip(results) {
             // The client may have gone away; its answer is simply dropped.
             let _ = job.reply.send(result);
         }

@@ -98,8 +98,23 @@ impl<B: ScoringBackend> Scorer<B> {
     /// every item attends to its own request's query. With `item_first` nothing can be shared,
     /// so each `item + query` is a sequence of its own with an empty prefix.
     pub fn score_batch(&mut self, inputs: &[&ScoreInput]) -> Result<Vec<Vec<Vec<f64>>>, EngineError> {
-        let queries: Vec<QueryKv<B>> =
-            inputs.iter().map(|input| if input.item_first { self.model.empty_query() } else { self.query_kv(&input.query) }).collect();
+        let scores = self.score_batch_while(inputs, &|_| true)?;
+        Ok(scores.into_iter().map(|s| s.expect("every request is wanted")).collect())
+    }
+
+    /// [`Self::score_batch`], asking `wanted(r)` before each query and each pass: a request
+    /// nobody waits for any more (client gone, deadline passed) stops costing work and comes
+    /// back `None`.
+    pub fn score_batch_while(&mut self, inputs: &[&ScoreInput], wanted: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Vec<Vec<f64>>>>, EngineError> {
+        let mut dropped = vec![false; inputs.len()];
+        let queries: Vec<QueryKv<B>> = inputs
+            .iter()
+            .enumerate()
+            .map(|(r, input)| {
+                dropped[r] = !wanted(r);
+                if input.item_first || dropped[r] { self.model.empty_query() } else { self.query_kv(&input.query) }
+            })
+            .collect();
         let sequences: Vec<Vec<Cow<[u32]>>> = inputs
             .iter()
             .map(|input| {
@@ -116,6 +131,13 @@ impl<B: ScoringBackend> Scorer<B> {
 
         let mut scores: Vec<Vec<Vec<f64>>> = inputs.iter().map(|input| vec![Vec::new(); input.items.len()]).collect();
         for mut pass in plan_passes(&shapes, self.options.pass_budget) {
+            for (r, dropped) in dropped.iter_mut().enumerate() {
+                *dropped = *dropped || !wanted(r);
+            }
+            pass.retain(|&e| !dropped[entries[e].0]);
+            if pass.is_empty() {
+                continue;
+            }
             // Items of one request must be adjacent: they form one prefix group.
             pass.sort_by_key(|&e| entries[e].0);
             let runs: Vec<&[usize]> = pass.chunk_by(|&a, &b| entries[a].0 == entries[b].0).collect();
@@ -146,9 +168,11 @@ impl<B: ScoringBackend> Scorer<B> {
             self.stats.pass_items.observe(pass.len() as f64);
         }
         self.stats.batch_requests.observe(inputs.len() as f64);
-        self.stats.items_scored.fetch_add(entries.len() as u64, Relaxed);
-        self.stats.tokens_scored.fetch_add(inputs.iter().map(|i| i.prompt_tokens() as u64).sum(), Relaxed);
-        Ok(scores)
+        let kept = || inputs.iter().zip(&dropped).filter(|(_, &dropped)| !dropped).map(|(input, _)| input);
+        self.stats.items_scored.fetch_add(kept().map(|i| i.items.len() as u64).sum(), Relaxed);
+        self.stats.tokens_scored.fetch_add(kept().map(|i| i.prompt_tokens() as u64).sum(), Relaxed);
+        self.stats.requests_abandoned.fetch_add(dropped.iter().filter(|&&d| d).count() as u64, Relaxed);
+        Ok(scores.into_iter().zip(dropped).map(|(scores, dropped)| (!dropped).then_some(scores)).collect())
     }
 
     /// The query's K/V: from the cache, or prefilled (resuming from its longest cached

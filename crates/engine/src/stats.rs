@@ -46,6 +46,8 @@ pub struct EngineStats {
     pub prefix_cache_partial_hits: AtomicU64,
     pub prefix_cache_misses: AtomicU64,
     pub prefix_cache_bytes: AtomicU64,
+    /// Requests dropped unscored or part-scored because their client left or their deadline passed.
+    pub requests_abandoned: AtomicU64,
     /// Requests scored together in one batch.
     pub batch_requests: Histogram,
     /// Items in one forward pass.
@@ -62,6 +64,7 @@ impl Default for EngineStats {
             prefix_cache_partial_hits: AtomicU64::new(0),
             prefix_cache_misses: AtomicU64::new(0),
             prefix_cache_bytes: AtomicU64::new(0),
+            requests_abandoned: AtomicU64::new(0),
             batch_requests: Histogram::new(SIZE_BUCKETS),
             pass_items: Histogram::new(SIZE_BUCKETS),
         }

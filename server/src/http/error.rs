@@ -86,8 +86,12 @@ impl From<ScheduleError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
-            tracing::error!(status = %self.status, "{}", self.message);
+        // Overload (503) and slow requests (504) are the client's to retry, not server faults.
+        match self.status {
+            StatusCode::SERVICE_UNAVAILABLE => {}
+            StatusCode::GATEWAY_TIMEOUT => tracing::warn!(status = %self.status, "{}", self.message),
+            status if status.is_server_error() => tracing::error!(status = %status, "{}", self.message),
+            _ => {}
         }
         let body = ErrorBody { object: "error", message: &self.message, r#type: self.kind(), param: self.param.as_deref(), code: self.status.as_u16() };
         let mut response = (self.status, axum::Json(body)).into_response();

@@ -51,6 +51,7 @@ pub async fn render(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let engine = state.scheduler.stats();
     let counters = [
         ("tally_items_scored_total", "Items scored.", engine.items_scored.load(Relaxed)),
+        ("tally_requests_abandoned_total", "Requests dropped because their client left or their deadline passed.", engine.requests_abandoned.load(Relaxed)),
         ("tally_tokens_scored_total", "Prompt tokens run through the model.", engine.tokens_scored.load(Relaxed)),
         ("tally_prefix_cache_hits_total", "Queries found whole in the prefix cache.", engine.prefix_cache_hits.load(Relaxed)),
         ("tally_prefix_cache_partial_hits_total", "Queries that resumed from a cached beginning.", engine.prefix_cache_partial_hits.load(Relaxed)),

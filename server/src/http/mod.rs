@@ -15,7 +15,8 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
-use tally_core::ScoreInput;
+use tally_core::{ScoreInput, ScoreRequest};
+use tokio::sync::Semaphore;
 use tally_engine::{RequestPreparer, Scheduler};
 
 use error::ApiError;
@@ -29,6 +30,8 @@ pub struct ServerLimits {
     pub max_labels: usize,
     pub max_tokens: usize,
     pub max_body_bytes: usize,
+    /// Text bytes per request, checked before tokenizing.
+    pub max_text_bytes: usize,
     pub timeout: Duration,
 }
 
@@ -39,11 +42,33 @@ pub struct AppState {
     limits: ServerLimits,
     metrics: HttpMetrics,
     started: std::time::SystemTime,
+    /// Tokenization runs on the blocking pool, at most one request per core at a time, so long
+    /// texts never stall the async runtime (and `/health`).
+    tokenizing: Semaphore,
 }
 
 impl AppState {
     pub fn new(scheduler: Scheduler, preparer: RequestPreparer, rerank: RerankTemplate, limits: ServerLimits) -> Self {
-        AppState { scheduler, preparer, rerank, limits, metrics: HttpMetrics::default(), started: std::time::SystemTime::now() }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        AppState { scheduler, preparer, rerank, limits, metrics: HttpMetrics::default(), started: std::time::SystemTime::now(), tokenizing: Semaphore::new(cores) }
+    }
+
+    /// Tokenizes and validates a request off the async runtime, after the cheap size checks.
+    async fn prepare(&self, request: ScoreRequest) -> Result<ScoreInput, ApiError> {
+        self.check_items(request.items.len())?;
+        self.check_labels(request.label_token_ids.len())?;
+        let text_bytes = request.text_bytes();
+        if text_bytes > self.limits.max_text_bytes {
+            let message = format!("request has {text_bytes} bytes of text; this server takes at most {}", self.limits.max_text_bytes);
+            return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).with_param("items"));
+        }
+        if text_bytes == 0 {
+            return Ok(self.preparer.prepare(&request)?);
+        }
+        let _permit = self.tokenizing.acquire().await.map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"))?;
+        let preparer = self.preparer.clone();
+        let prepared = tokio::task::spawn_blocking(move || preparer.prepare(&request)).await;
+        Ok(prepared.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("tokenization failed: {e}")))??)
     }
 
     /// Checks the server's size limits, queues the input, and waits for its scores.
@@ -67,6 +92,18 @@ impl AppState {
             return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).with_param("items"));
         }
         Ok(())
+    }
+
+    /// The name responses carry: the served model's. Like vLLM, a request naming another model
+    /// gets 404 rather than an answer from this one under that name.
+    fn model_name(&self, requested: Option<&str>) -> Result<String, ApiError> {
+        let served = self.preparer.model_name();
+        match requested {
+            Some(name) if name != served => {
+                Err(ApiError::new(StatusCode::NOT_FOUND, format!("the model `{name}` does not exist; this server serves `{served}`")).with_param("model"))
+            }
+            _ => Ok(served.to_owned()),
+        }
     }
 
     fn check_labels(&self, labels: usize) -> Result<(), ApiError> {

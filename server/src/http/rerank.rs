@@ -116,14 +116,21 @@ pub async fn rerank(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
     let request: RerankRequest = serde_json::from_slice(&body).map_err(ApiError::malformed)?;
     let template = &state.rerank;
     let [yes, no] = template.labels.clone().map_err(|reason| ApiError::new(StatusCode::BAD_REQUEST, format!("reranking is unavailable: {reason}")))?;
+    let model = state.model_name(request.model.as_deref())?;
     state.check_items(request.documents.len())?;
     if request.documents.is_empty() {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "`documents` must contain at least one document").with_param("documents"));
     }
+    if request.query.is_empty() {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "`query` is empty").with_param("query"));
+    }
+    if let Some(index) = request.documents.iter().position(|d| d.text().is_empty()) {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, format!("document {index} is empty")).with_param("documents"));
+    }
 
     let instruction = request.instruction.as_deref().unwrap_or(&template.instruction);
-    let query = template.query.replace("{instruction}", instruction).replace("{query}", &request.query);
-    let items = request.documents.iter().map(|d| template.document.replace("{document}", d.text())).collect();
+    let query = fill(&template.query, &[("{instruction}", instruction), ("{query}", &request.query)]);
+    let items = request.documents.iter().map(|d| fill(&template.document, &[("{document}", d.text())])).collect();
     let score_request = ScoreRequest {
         query: Query::Text(query),
         items: Items::Texts(items),
@@ -132,7 +139,7 @@ pub async fn rerank(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
         item_first: false,
         model: None,
     };
-    let input = state.preparer.prepare(&score_request)?;
+    let input = state.prepare(score_request).await?;
     let prompt_tokens = input.prompt_tokens();
     let scores = state.score(input).await?;
 
@@ -149,14 +156,41 @@ pub async fn rerank(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
     results.truncate(request.top_n.unwrap_or(usize::MAX));
     Ok(Json(RerankResponse {
         id: next_id(),
-        model: request.model.unwrap_or_else(|| state.preparer.model_name().to_owned()),
+        model,
         results,
         usage: RerankUsage { prompt_tokens, total_tokens: prompt_tokens },
     }))
+}
+
+/// `template` with each placeholder replaced by its value in one left-to-right pass, so a value
+/// that itself contains a placeholder (user text with `{query}`) is never substituted again.
+fn fill(template: &str, values: &[(&str, &str)]) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some((at, (placeholder, value))) = values.iter().filter_map(|&(p, v)| rest.find(p).map(|at| (at, (p, v)))).min_by_key(|&(at, _)| at) {
+        out.push_str(&rest[..at]);
+        out.push_str(value);
+        rest = &rest[at + placeholder.len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn next_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     format!("rerank-{nanos:x}-{}", COUNTER.fetch_add(1, Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fill;
+
+    #[test]
+    fn fill_substitutes_each_placeholder_once() {
+        let template = "<I>: {instruction}\n<Q>: {query}\n";
+        assert_eq!(fill(template, &[("{instruction}", "judge {query}"), ("{query}", "a {instruction} b")]), "<I>: judge {query}\n<Q>: a {instruction} b\n");
+        assert_eq!(fill("{x}{x}", &[("{x}", "1")]), "11");
+        assert_eq!(fill("none", &[("{x}", "1")]), "none");
+    }
 }
