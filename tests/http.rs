@@ -411,3 +411,37 @@ fn python_requests_client_works_unchanged() {
     let out = Command::new("python3").arg(&script).arg(&server.url).output().expect("python3 runs");
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }
+
+/// `--api-key` guards the API routes (401 JSON without it), not /health or /metrics;
+/// `--cors-allow-origin` answers browser preflights for that origin only.
+#[test]
+fn api_keys_and_cors() {
+    let server = Server::start("tied-gqa", &["--api-key", "s3cret", "--cors-allow-origin", "http://page.test"]);
+    let body = json!({"query": [1, 2], "items": [[3]], "label_token_ids": [4]}).to_string();
+    let url = format!("{}/v1/score", server.url);
+    for authorization in [None, Some("Bearer wrong"), Some("s3cret")] {
+        let mut request = ureq::post(&url).set("Content-Type", "application/json");
+        if let Some(value) = authorization {
+            request = request.set("Authorization", value);
+        }
+        let (status, error) = read(request.send_string(&body));
+        assert_eq!((status, error["code"].as_u64(), error["type"].as_str()), (401, Some(401), Some("AuthenticationError")), "{authorization:?}: {error}");
+    }
+    let (status, ok) = read(ureq::post(&url).set("Authorization", "Bearer s3cret").send_string(&body));
+    assert_eq!(status, 200, "{ok}");
+    assert_eq!(server.get("/health").0, 200);
+    assert_eq!(server.get("/metrics").0, 200);
+    assert_eq!(server.get("/v1/models").0, 401);
+
+    let preflight = |origin: &str| {
+        let response = ureq::request("OPTIONS", &url)
+            .set("Origin", origin)
+            .set("Access-Control-Request-Method", "POST")
+            .set("Access-Control-Request-Headers", "authorization,content-type")
+            .call()
+            .unwrap();
+        response.header("Access-Control-Allow-Origin").map(str::to_owned)
+    };
+    assert_eq!(preflight("http://page.test").as_deref(), Some("http://page.test"));
+    assert_eq!(preflight("http://elsewhere.test"), None);
+}

@@ -179,6 +179,15 @@ pub struct ServeArgs {
     /// Seconds a request may wait and run before it fails with 504.
     #[arg(long, default_value_t = 120.0)]
     pub request_timeout_secs: f64,
+    /// Require `Authorization: Bearer <key>` on the API routes (401 otherwise).
+    #[arg(long, env = "TALLY_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// With --api-key, also require it on /health and /metrics.
+    #[arg(long)]
+    pub protect_health_and_metrics: bool,
+    /// Let browser pages on this origin call the API (repeat for several; `*` for any).
+    #[arg(long)]
+    pub cors_allow_origin: Vec<String>,
     #[command(flatten)]
     pub rerank: RerankArgs,
 }

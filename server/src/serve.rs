@@ -12,6 +12,7 @@ use tally_engine::{Scheduler, SchedulerOptions, ScorerOptions};
 
 use crate::backend::{dispatch, WithBackend};
 use crate::cli::ServeArgs;
+use crate::http::auth::AuthConfig;
 use crate::http::{self, AppState, ServerLimits};
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -21,16 +22,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let device = args.device;
-    let (state, listen) = dispatch(device, args)?;
+    let (state, listen, cors) = dispatch(device, args)?;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    runtime.block_on(serve(state, listen))
+    runtime.block_on(serve(state, listen, cors))
 }
 
 /// Loads the model on the chosen backend and starts its scheduler; the rest is backend-free.
 impl WithBackend for ServeArgs {
-    type Output = (AppState, String);
+    /// The state, the address to listen on, and the CORS origins.
+    type Output = (AppState, String, Vec<String>);
 
-    fn run<B: ScoringBackend>(self, device: B::Device) -> Result<(AppState, String)> {
+    fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Self::Output> {
         let (dir, name) = crate::hub::resolve_model(&self.model)?;
         let options = ScorerOptions {
             pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() },
@@ -49,15 +51,17 @@ impl WithBackend for ServeArgs {
             timeout: Duration::from_secs_f64(self.request_timeout_secs),
         };
         tracing::info!(model = %dir.display(), backend = ?std::any::type_name::<B>(), "model loaded");
-        Ok((AppState::new(scheduler, preparer, rerank, limits), format!("{}:{}", self.host, self.port)))
+        let auth = AuthConfig { api_key: self.api_key.clone().filter(|key| !key.is_empty()), protect_health_and_metrics: self.protect_health_and_metrics };
+        let state = AppState::new(scheduler, preparer, rerank, limits, auth);
+        Ok((state, format!("{}:{}", self.host, self.port), self.cors_allow_origin.clone()))
     }
 }
 
-async fn serve(state: AppState, listen: String) -> Result<()> {
+async fn serve(state: AppState, listen: String, cors: Vec<String>) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
     let state = Arc::new(state);
-    let app = http::router(Arc::clone(&state));
+    let app = http::router(Arc::clone(&state), &cors);
     axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await.context("HTTP server failed")?;
     tracing::info!("stopped accepting requests; finishing queued work");
     // In-flight handlers are done; the last reference to the scheduler drains its queue and

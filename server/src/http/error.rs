@@ -48,6 +48,7 @@ impl ApiError {
     fn kind(&self) -> &'static str {
         match self.status {
             StatusCode::BAD_REQUEST => "BadRequestError",
+            StatusCode::UNAUTHORIZED => "AuthenticationError",
             StatusCode::NOT_FOUND => "NotFoundError",
             StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
             StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",

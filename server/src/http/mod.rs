@@ -1,6 +1,7 @@
 //! The HTTP API: routes, shared state, limits. Every handler parses and validates on the async
 //! side, then hands valid work to the engine's scheduler and awaits its answer.
 
+pub mod auth;
 pub mod error;
 pub mod metrics;
 pub mod openapi;
@@ -11,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::http::{header, Method, StatusCode};
+use tower_http::cors::{AllowOrigin, CorsLayer};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
@@ -19,6 +21,7 @@ use tally_core::{ScoreInput, ScoreRequest};
 use tokio::sync::Semaphore;
 use tally_engine::{RequestPreparer, Scheduler};
 
+use auth::AuthConfig;
 use error::ApiError;
 use metrics::HttpMetrics;
 use rerank::RerankTemplate;
@@ -45,12 +48,14 @@ pub struct AppState {
     /// Tokenization runs on the blocking pool, at most one request per core at a time, so long
     /// texts never stall the async runtime (and `/health`).
     tokenizing: Semaphore,
+    auth: AuthConfig,
 }
 
 impl AppState {
-    pub fn new(scheduler: Scheduler, preparer: RequestPreparer, rerank: RerankTemplate, limits: ServerLimits) -> Self {
+    pub fn new(scheduler: Scheduler, preparer: RequestPreparer, rerank: RerankTemplate, limits: ServerLimits, auth: AuthConfig) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        AppState { scheduler, preparer, rerank, limits, metrics: HttpMetrics::default(), started: std::time::SystemTime::now(), tokenizing: Semaphore::new(cores) }
+        let started = std::time::SystemTime::now();
+        AppState { scheduler, preparer, rerank, limits, metrics: HttpMetrics::default(), started, tokenizing: Semaphore::new(cores), auth }
     }
 
     /// Tokenizes and validates a request off the async runtime, after the cheap size checks.
@@ -115,7 +120,9 @@ impl AppState {
     }
 }
 
-pub fn router(state: Arc<AppState>) -> Router {
+/// The routes, metrics, size limit and API keys; `cors` lets browser pages on those origins
+/// call the API (`*` for any).
+pub fn router(state: Arc<AppState>, cors: &[String]) -> Router {
     Router::new()
         .route("/v1/score", post(score::score))
         .route("/v1/rerank", post(rerank::rerank))
@@ -126,9 +133,20 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/openapi.json", get(openapi::spec))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), auth::require_key))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), metrics::record))
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
+        .layer(cors_layer(cors))
         .with_state(state)
+}
+
+fn cors_layer(origins: &[String]) -> CorsLayer {
+    let layer = CorsLayer::new().allow_methods([Method::GET, Method::POST]).allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION]);
+    if origins.iter().any(|o| o == "*") {
+        layer.allow_origin(AllowOrigin::any())
+    } else {
+        layer.allow_origin(AllowOrigin::list(origins.iter().filter_map(|o| header::HeaderValue::from_str(o).ok())))
+    }
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
