@@ -1,12 +1,14 @@
 //! `tally serve` over real HTTP on loopback: the oracle fixtures, concurrency, pass splitting,
-//! the prefix cache, every error class, reranking, the side endpoints, SIGTERM draining, and a
-//! Python client written the way SGLang's docs call /v1/score.
+//! the prefix cache, every error class, reranking, the side endpoints, SIGTERM draining, stalled
+//! and surplus connections, keys and CORS, and a Python client written the way SGLang's docs call
+//! /v1/score.
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{assert_close, fixtures, model, scores};
 use serde_json::{json, Value};
@@ -444,4 +446,73 @@ fn api_keys_and_cors() {
     };
     assert_eq!(preflight("http://page.test").as_deref(), Some("http://page.test"));
     assert_eq!(preflight("http://elsewhere.test"), None);
+}
+
+/// Opens a raw connection to `server` and sends `bytes` (a request cut short, say).
+fn raw(server: &Server, bytes: &[u8]) -> TcpStream {
+    let mut stream = TcpStream::connect(server.url.trim_start_matches("http://")).unwrap();
+    stream.write_all(bytes).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    stream
+}
+
+/// What the server sends before it closes the connection, and how long that took.
+fn until_closed(mut stream: TcpStream) -> (String, Duration) {
+    let start = Instant::now();
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    (text, start.elapsed())
+}
+
+#[test]
+fn stalled_and_surplus_connections_are_let_go() {
+    let server = Server::start("tied-gqa", &["--header-timeout-secs", "1", "--body-timeout-secs", "1", "--max-connections", "2"]);
+    // Half-sent headers, and an idle keep-alive connection: closed after the header timeout.
+    let (_, waited) = until_closed(raw(&server, b"POST /v1/score HTTP/1.1\r\nHost: t\r\n"));
+    assert!(waited < Duration::from_secs(5), "half-sent headers held the connection {waited:?}");
+    let (reply, waited) = until_closed(raw(&server, b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"));
+    assert!(reply.starts_with("HTTP/1.1 200") && waited < Duration::from_secs(5), "idle keep-alive: {waited:?} {reply}");
+    // A stalled body fails with a JSON error.
+    let (reply, waited) = until_closed(raw(&server, b"POST /v1/score HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{\"query\""));
+    assert!(reply.contains("\"object\":\"error\"") && waited < Duration::from_secs(5), "stalled body: {waited:?} {reply}");
+
+    // Two silent connections hold both slots: a third is answered 503 and closed.
+    std::thread::sleep(Duration::from_millis(300));
+    let silent = [raw(&server, b""), raw(&server, b"")];
+    std::thread::sleep(Duration::from_millis(300));
+    let (reply, _) = until_closed(raw(&server, b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"));
+    assert!(reply.starts_with("HTTP/1.1 503") && reply.contains("\"code\":503"), "{reply}");
+    // Once they time out, the server serves again.
+    for stream in silent {
+        until_closed(stream);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(server.get("/health").0, 200);
+}
+
+/// SIGTERM with a request stuck mid-body: the process still exits by its drain deadline, or at
+/// once on a second signal.
+#[test]
+fn shutdown_has_a_deadline_and_a_second_signal_exits_at_once() {
+    for (deadline, signals) in [("1", 1), ("600", 2)] {
+        let mut server = Server::start("tied-gqa", &["--shutdown-timeout-secs", deadline, "--body-timeout-secs", "600"]);
+        let _stuck = raw(&server, b"POST /v1/score HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{");
+        std::thread::sleep(Duration::from_millis(300));
+        let pid = server.child.id().to_string();
+        for _ in 0..signals {
+            assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let start = Instant::now();
+        let exited = loop {
+            if let Some(status) = server.child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(exited.is_some(), "deadline {deadline}s, {signals} signal(s): still running");
+    }
 }

@@ -179,6 +179,21 @@ pub struct ServeArgs {
     /// Seconds a request may wait and run before it fails with 504.
     #[arg(long, default_value_t = 120.0)]
     pub request_timeout_secs: f64,
+    /// Open connections before new ones get 503 and are closed (keep it under the process's
+    /// file-descriptor limit).
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's headers; also how long an idle keep-alive
+    /// connection is kept.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_timeout_secs: f64,
+    /// Seconds without progress while reading a request body before the request fails.
+    #[arg(long, default_value_t = 30.0)]
+    pub body_timeout_secs: f64,
+    /// After SIGTERM/Ctrl-C, seconds for accepted requests to finish before exiting anyway (a
+    /// second signal exits at once).
+    #[arg(long, default_value_t = 30.0)]
+    pub shutdown_timeout_secs: f64,
     /// Require `Authorization: Bearer <key>` on the API routes (401 otherwise).
     #[arg(long, env = "TALLY_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,

@@ -6,6 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::Semaphore;
 use tally_model::ScoringBackend;
 use tally_core::PassBudget;
 use tally_engine::{Scheduler, SchedulerOptions, ScorerOptions};
@@ -22,9 +26,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let device = args.device;
+    let limits = ConnectionLimits {
+        max_connections: args.max_connections,
+        header_timeout: Duration::from_secs_f64(args.header_timeout_secs),
+        drain_timeout: Duration::from_secs_f64(args.shutdown_timeout_secs),
+    };
     let (state, listen, cors) = dispatch(device, args)?;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    runtime.block_on(serve(state, listen, cors))
+    runtime.block_on(serve(state, listen, cors, limits))
 }
 
 /// Loads the model on the chosen backend and starts its scheduler; the rest is backend-free.
@@ -49,6 +58,7 @@ impl WithBackend for ServeArgs {
             max_body_bytes: self.max_body_bytes,
             max_text_bytes: self.max_text_bytes_per_request,
             timeout: Duration::from_secs_f64(self.request_timeout_secs),
+            body_timeout: Duration::from_secs_f64(self.body_timeout_secs),
         };
         tracing::info!(model = %dir.display(), backend = ?std::any::type_name::<B>(), "model loaded");
         let auth = AuthConfig { api_key: self.api_key.clone().filter(|key| !key.is_empty()), protect_health_and_metrics: self.protect_health_and_metrics };
@@ -57,17 +67,81 @@ impl WithBackend for ServeArgs {
     }
 }
 
-async fn serve(state: AppState, listen: String, cors: Vec<String>) -> Result<()> {
+/// How connections are held: what a client may cost the server before it is let go.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Open connections; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// For a request's headers to arrive; also how long an idle keep-alive connection stays.
+    pub header_timeout: Duration,
+    /// After SIGTERM, for accepted requests to finish before the process exits anyway.
+    pub drain_timeout: Duration,
+}
+
+async fn serve(state: AppState, listen: String, cors: Vec<String>, limits: ConnectionLimits) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
     let state = Arc::new(state);
     let app = http::router(Arc::clone(&state), &cors);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await.context("HTTP server failed")?;
-    tracing::info!("stopped accepting requests; finishing queued work");
-    // In-flight handlers are done; the last reference to the scheduler drains its queue and
-    // joins the model thread when dropped.
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut first_signal = std::pin::pin!(shutdown_signal());
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // Out of file descriptors, say: back off instead of spinning.
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut first_signal => break,
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            tokio::spawn(shed(stream, limits.max_connections));
+            continue;
+        };
+        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone())));
+        tokio::spawn(async move {
+            let _ = connection.await;
+            drop(slot);
+        });
+    }
+    drop(listener);
+    tracing::info!("stopped accepting requests; finishing accepted ones (at most {:?})", limits.drain_timeout);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(limits.drain_timeout) => {
+            tracing::warn!("requests still running after {:?}; exiting", limits.drain_timeout);
+            std::process::exit(1);
+        }
+        () = shutdown_signal() => {
+            tracing::warn!("second shutdown signal; exiting now");
+            std::process::exit(1);
+        }
+    }
+    // In-flight handlers are done; the last reference to the scheduler drains its queue (work
+    // whose client left is dropped) and joins the model thread when dropped.
     drop(state);
     Ok(())
+}
+
+/// Over the connection limit: a 503 in the API's error format, then close.
+async fn shed(mut stream: tokio::net::TcpStream, limit: usize) {
+    use tokio::io::AsyncWriteExt;
+    let body = serde_json::json!({"object": "error", "message": format!("the server holds its limit of {limit} connections; retry later"),
+        "type": "ServiceUnavailableError", "param": null, "code": 503})
+    .to_string();
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(response.as_bytes())).await;
+    let _ = stream.shutdown().await;
 }
 
 async fn shutdown_signal() {

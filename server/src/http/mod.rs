@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, Method, StatusCode};
 use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::timeout::RequestBodyTimeoutLayer;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
@@ -36,6 +37,8 @@ pub struct ServerLimits {
     /// Text bytes per request, checked before tokenizing.
     pub max_text_bytes: usize,
     pub timeout: Duration,
+    /// Without progress while reading a body.
+    pub body_timeout: Duration,
 }
 
 pub struct AppState {
@@ -136,6 +139,7 @@ pub fn router(state: Arc<AppState>, cors: &[String]) -> Router {
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), auth::require_key))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), metrics::record))
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
+        .layer(RequestBodyTimeoutLayer::new(state.limits.body_timeout))
         .layer(cors_layer(cors))
         .with_state(state)
 }
