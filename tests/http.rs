@@ -516,3 +516,71 @@ fn shutdown_has_a_deadline_and_a_second_signal_exits_at_once() {
         assert!(exited.is_some(), "deadline {deadline}s, {signals} signal(s): still running");
     }
 }
+
+/// gzip bodies are decompressed; an encoding tally does not read is a 415 JSON error.
+#[test]
+fn compressed_bodies() {
+    let server = Server::start("tied-gqa", &[]);
+    let request = json!({"query": [1, 2], "items": [[3], [4, 5]], "label_token_ids": [6, 7]});
+    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gzip.write_all(request.to_string().as_bytes()).unwrap();
+    let url = format!("{}/v1/score", server.url);
+    let post = |encoding: &str, body: &[u8]| read(ureq::post(&url).set("Content-Type", "application/json").set("Content-Encoding", encoding).send_bytes(body));
+    let (status, body) = post("gzip", &gzip.finish().unwrap());
+    assert_eq!(status, 200, "{body}");
+    assert_close(&scores(&body), &server.score(&request), 0.0, "gzip vs plain");
+    let (status, error) = post("br", request.to_string().as_bytes());
+    assert_eq!((status, error["code"].as_u64()), (415, Some(415)), "{error}");
+}
+
+/// Random JSON of every shape, and random bytes: never a 5xx, never a non-JSON answer, and the
+/// server still scores afterwards.
+#[test]
+fn random_requests_never_get_a_5xx() {
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+        fn value(&mut self, depth: u32) -> Value {
+            match self.next(if depth > 2 { 6 } else { 9 }) {
+                0 => Value::Null,
+                1 => json!(self.next(2) == 0),
+                2 => json!(self.next(600) as i64 - 50),
+                3 => json!([i64::MIN, -1, 0, 511, 512, u32::MAX as i64 + 1, i64::MAX][self.next(7) as usize]),
+                4 => json!(self.next(1000) as f64 / 7.0),
+                5 => json!(["", "q", "Paris", "<|im_end|>", "\u{0}", "日本語", "{query}"][self.next(7) as usize]),
+                6 | 7 => Value::Array((0..self.next(5)).map(|_| self.value(depth + 1)).collect()),
+                _ => {
+                    let keys = ["query", "items", "label_token_ids", "apply_softmax", "item_first", "model", "extra"];
+                    Value::Object((0..self.next(7)).map(|_| (keys[self.next(7) as usize].to_owned(), self.value(depth + 1))).collect())
+                }
+            }
+        }
+    }
+    let server = Server::start("wide-vocab", &[]);
+    let mut rng = Rng(0x5EED_1234_ABCD_0001);
+    for i in 0..400 {
+        let body = match i % 10 {
+            // Mostly well-formed requests with random field values.
+            0..=6 => {
+                let mut request = json!({"query": rng.value(1), "items": rng.value(0), "label_token_ids": rng.value(1)});
+                if rng.next(3) == 0 {
+                    request[["apply_softmax", "item_first", "model"][rng.next(3) as usize]] = rng.value(2);
+                }
+                request.to_string()
+            }
+            7 | 8 => rng.value(0).to_string(),
+            _ => (0..rng.next(64)).map(|_| char::from(rng.next(128) as u8)).collect(),
+        };
+        for path in ["/v1/score", "/v1/rerank"] {
+            let (status, reply) = server.post(path, &body);
+            assert!(status < 500, "{path} {body}: {status} {reply}");
+            assert!(status == 200 || reply["object"] == "error", "{path} {body}: {reply}");
+        }
+    }
+    assert_eq!(server.score(&json!({"query": [1], "items": [[2]], "label_token_ids": [3]})).len(), 1);
+}

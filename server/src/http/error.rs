@@ -102,3 +102,26 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+/// Errors produced below the handlers (a layer's 408 or 415, say) come without the API's JSON
+/// body; give them one, with the status's reason as the message.
+pub async fn json_errors(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !status.is_client_error() && !status.is_server_error() || is_json {
+        return response;
+    }
+    let reason = status.canonical_reason().unwrap_or("error").to_lowercase();
+    let message = match status {
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported Content-Encoding: send the body plain or gzip-compressed".to_owned(),
+        _ => reason,
+    };
+    let mut json = ApiError::new(status, message).into_response();
+    for name in [header::RETRY_AFTER, header::WWW_AUTHENTICATE] {
+        if let Some(value) = response.headers().get(&name) {
+            json.headers_mut().insert(name, value.clone());
+        }
+    }
+    json
+}

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, Method, StatusCode};
 use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::decompression::RequestDecompressionLayer;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -140,6 +141,8 @@ pub fn router(state: Arc<AppState>, cors: &[String]) -> Router {
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), metrics::record))
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
         .layer(RequestBodyTimeoutLayer::new(state.limits.body_timeout))
+        .layer(RequestDecompressionLayer::new())
+        .layer(axum::middleware::from_fn(error::json_errors))
         .layer(cors_layer(cors))
         .with_state(state)
 }
