@@ -476,6 +476,10 @@ fn stalled_and_surplus_connections_are_let_go() {
     let (reply, waited) = until_closed(raw(&server, b"POST /v1/score HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{\"query\""));
     assert!(reply.contains("\"object\":\"error\"") && waited < Duration::from_secs(5), "stalled body: {waited:?} {reply}");
 
+    // A body declared larger than the limit is refused before it is sent.
+    let (reply, waited) = until_closed(raw(&server, b"POST /v1/score HTTP/1.1\r\nHost: t\r\nContent-Length: 100000000000\r\nConnection: close\r\n\r\n{"));
+    assert!(reply.starts_with("HTTP/1.1 413") && reply.contains("\"code\":413") && waited < Duration::from_secs(5), "{waited:?} {reply}");
+
     // Two silent connections hold both slots: a third is answered 503 and closed.
     std::thread::sleep(Duration::from_millis(300));
     let silent = [raw(&server, b""), raw(&server, b"")];

@@ -11,7 +11,9 @@ pub mod score;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::http::{header, Method, StatusCode};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::decompression::RequestDecompressionLayer;
@@ -137,6 +139,7 @@ pub fn router(state: Arc<AppState>, cors: &[String]) -> Router {
         .route("/openapi.json", get(openapi::spec))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), reject_declared_oversize))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), auth::require_key))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), metrics::record))
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
@@ -145,6 +148,18 @@ pub fn router(state: Arc<AppState>, cors: &[String]) -> Router {
         .layer(axum::middleware::from_fn(error::json_errors))
         .layer(cors_layer(cors))
         .with_state(state)
+}
+
+/// A body declared larger than `--max-body-bytes` is refused before a byte of it is read.
+async fn reject_declared_oversize(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    match declared {
+        Some(length) if length > state.limits.max_body_bytes as u64 => {
+            let message = format!("request body of {length} bytes; this server takes at most {}", state.limits.max_body_bytes);
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).into_response()
+        }
+        _ => next.run(request).await,
+    }
 }
 
 fn cors_layer(origins: &[String]) -> CorsLayer {
