@@ -76,7 +76,7 @@ fn top_tokens_match_llama_cpp() {
 #[test]
 fn tokenization_matches_llama_cpp() {
     let files = ModelFiles::locate(model()).unwrap();
-    let tokenizer = TextTokenizer::from_source(files.tokenizer().unwrap()).unwrap().expect("SmolLM2's GGUF has a BPE vocabulary");
+    let tokenizer = TextTokenizer::from_source(files.open().unwrap().tokenizer).unwrap().expect("SmolLM2's GGUF has a BPE vocabulary");
     let reference = reference();
     let mut checked = 0;
     for entry in reference["tokenization"].as_array().unwrap() {

@@ -56,8 +56,9 @@ impl<B: ScoringBackend> Scorer<B> {
     /// [`Self::load`], calling `progress(done, total)` as the model's layers are read.
     pub fn load_with_progress(path: &Path, device: &B::Device, options: ScorerOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self, EngineError> {
         let files = ModelFiles::locate(path)?;
-        let tokenizer = TextTokenizer::from_source(files.tokenizer()?)?;
-        let model = DecoderModel::load(&files, device, progress)?;
+        let opened = files.open()?;
+        let tokenizer = TextTokenizer::from_source(opened.tokenizer)?;
+        let model = DecoderModel::load(opened.config, opened.weights.as_ref(), device, progress).map_err(LoadError::from)?;
         let model_name = files.name();
         let config = model.config();
         let limits = ModelLimits { vocab_size: config.vocab_size, max_positions: config.max_position_embeddings };

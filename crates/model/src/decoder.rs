@@ -12,7 +12,6 @@ use crate::layout::ItemLayout;
 use crate::lm_head::{self, LabelTable};
 use crate::query_kv::{ItemGroup, QueryKv, PREFILL_CHUNK};
 use crate::rope::Rope;
-use crate::source::{LoadError, ModelFiles};
 use crate::weights::{TensorSource, WeightsError};
 
 pub struct DecoderModel<B: Backend> {
@@ -41,14 +40,10 @@ struct DecoderLayer<B: Backend> {
 }
 
 impl<B: ScoringBackend> DecoderModel<B> {
-    /// Loads a model: a Hugging Face directory or a GGUF file. `progress(done, total)` is
-    /// called as layers are read (dequantised, transposed, copied to the device).
-    pub fn load(files: &ModelFiles, device: &B::Device, progress: &mut dyn FnMut(usize, usize)) -> Result<Self, LoadError> {
-        let (config, weights) = files.open()?;
-        Ok(Self::from_weights(config, weights.as_ref(), device, progress)?)
-    }
-
-    fn from_weights(config: ModelConfig, weights: &dyn TensorSource, device: &B::Device, progress: &mut dyn FnMut(usize, usize)) -> Result<Self, WeightsError> {
+    /// Builds the model from opened files (see [`ModelFiles::open`](crate::ModelFiles::open)).
+    /// `progress(done, total)` is called as layers are read (dequantised, transposed, copied to
+    /// the device).
+    pub fn load(config: ModelConfig, weights: &dyn TensorSource, device: &B::Device, progress: &mut dyn FnMut(usize, usize)) -> Result<Self, WeightsError> {
         let c = &config;
         let (hidden, head_dim) = (c.hidden_size, c.head_dim);
         let vector = |name: &str, len: usize| -> Result<Tensor<B, 1>, WeightsError> {

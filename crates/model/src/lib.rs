@@ -36,4 +36,4 @@ pub use decoder::DecoderModel;
 pub use layout::ItemLayout;
 pub use lm_head::LabelTable;
 pub use query_kv::{ItemGroup, QueryKv, PREFILL_CHUNK};
-pub use source::{LoadError, ModelFiles, TokenizerSource};
+pub use source::{LoadError, ModelFiles, OpenedModel, TokenizerSource};

@@ -31,6 +31,13 @@ pub enum ModelFiles {
     Gguf(PathBuf),
 }
 
+/// A model's files opened: its architecture, its weights (read on demand) and its tokenizer.
+pub struct OpenedModel {
+    pub config: ModelConfig,
+    pub weights: Box<dyn TensorSource>,
+    pub tokenizer: TokenizerSource,
+}
+
 /// Where the text tokenizer comes from.
 pub enum TokenizerSource {
     Json(PathBuf),
@@ -80,31 +87,22 @@ impl ModelFiles {
         }
     }
 
-    /// The architecture and the weights.
-    pub fn open(&self) -> Result<(ModelConfig, Box<dyn TensorSource>), LoadError> {
+    /// Reads the architecture and the tokenizer's source, and maps the weights.
+    pub fn open(&self) -> Result<OpenedModel, LoadError> {
         match self {
             ModelFiles::HuggingFace(dir) => {
                 let path = dir.join("config.json");
                 let json = std::fs::read_to_string(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
                 let config = ModelConfig::from_json(&json).map_err(|source| LoadError::Config { path, source })?;
-                Ok((config, Box::new(Checkpoint::open(dir)?)))
+                let tokenizer_path = dir.join("tokenizer.json");
+                let tokenizer = if tokenizer_path.is_file() { TokenizerSource::Json(tokenizer_path) } else { TokenizerSource::None };
+                Ok(OpenedModel { config, weights: Box::new(Checkpoint::open(dir)?), tokenizer })
             }
             ModelFiles::Gguf(file) => {
                 let checkpoint = GgufCheckpoint::open(file)?;
-                Ok((checkpoint.config().clone(), Box::new(checkpoint)))
-            }
-        }
-    }
-
-    pub fn tokenizer(&self) -> Result<TokenizerSource, LoadError> {
-        match self {
-            ModelFiles::HuggingFace(dir) => {
-                let path = dir.join("tokenizer.json");
-                Ok(if path.is_file() { TokenizerSource::Json(path) } else { TokenizerSource::None })
-            }
-            ModelFiles::Gguf(file) => {
-                let vocabulary = GgufCheckpoint::open(file)?.vocabulary().map_err(WeightsError::from)?;
-                Ok(vocabulary.map_or(TokenizerSource::None, |v| TokenizerSource::Gguf(Box::new(v))))
+                let vocabulary = checkpoint.vocabulary().map_err(WeightsError::from)?;
+                let tokenizer = vocabulary.map_or(TokenizerSource::None, |v| TokenizerSource::Gguf(Box::new(v)));
+                Ok(OpenedModel { config: checkpoint.config().clone(), weights: Box::new(checkpoint), tokenizer })
             }
         }
     }

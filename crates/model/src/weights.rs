@@ -35,8 +35,6 @@ pub enum WeightsError {
 pub trait TensorSource {
     /// The tensor `name` after checking that its shape is `expected`.
     fn read(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>, WeightsError>;
-
-    fn contains(&self, name: &str) -> bool;
 }
 
 struct Shard {
@@ -79,10 +77,6 @@ impl Checkpoint {
 }
 
 impl TensorSource for Checkpoint {
-    fn contains(&self, name: &str) -> bool {
-        self.shard_of.contains_key(name)
-    }
-
     fn read(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>, WeightsError> {
         let missing = || WeightsError::MissingTensor { name: name.to_owned() };
         let shard = &self.shards[*self.shard_of.get(name).ok_or_else(missing)?];

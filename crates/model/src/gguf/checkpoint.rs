@@ -121,10 +121,6 @@ impl TensorSource for GgufCheckpoint {
             None => values,
         })
     }
-
-    fn contains(&self, name: &str) -> bool {
-        self.file.tensor(&Self::gguf_name(name).unwrap_or_else(|| name.to_owned())).is_some()
-    }
 }
 
 /// Inverse of llama.cpp's q/k permutation: GGUF row `h·d + 2j + s` is HF row `h·d + s·d/2 + j`.
