@@ -150,11 +150,18 @@ pub fn router(state: Arc<AppState>, cors: &[String]) -> Router {
         .with_state(state)
 }
 
-/// A body declared larger than `--max-body-bytes` is refused before a byte of it is read.
+/// Of a refused body, what is read and dropped before answering (for at most a second): a client
+/// that writes its whole body before reading gets the 413 rather than a reset connection.
+const REFUSED_BODY_DRAIN: usize = 1 << 20;
+
+/// A body declared larger than `--max-body-bytes` is refused without reading more than
+/// [`REFUSED_BODY_DRAIN`] of it.
 async fn reject_declared_oversize(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     match declared {
         Some(length) if length > state.limits.max_body_bytes as u64 => {
+            let drain = axum::body::to_bytes(request.into_body(), REFUSED_BODY_DRAIN);
+            let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
             let message = format!("request body of {length} bytes; this server takes at most {}", state.limits.max_body_bytes);
             ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).into_response()
         }
