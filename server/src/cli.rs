@@ -187,6 +187,9 @@ pub struct ServeArgs {
     /// connection is kept.
     #[arg(long, default_value_t = 10.0)]
     pub header_timeout_secs: f64,
+    /// Bytes of request line and headers; more gets 431.
+    #[arg(long, default_value_t = 64 << 10)]
+    pub max_header_bytes: usize,
     /// Seconds without progress while reading a request body before the request fails.
     #[arg(long, default_value_t = 30.0)]
     pub body_timeout_secs: f64,
@@ -211,13 +214,13 @@ pub struct ServeArgs {
 #[derive(Args, Clone)]
 pub struct RerankArgs {
     /// Query side of the prompt; `{instruction}` and `{query}` are substituted.
-    #[arg(long, default_value = crate::http::rerank::QWEN3_RERANKER_QUERY)]
+    #[arg(long, default_value = tally_engine::rerank::QWEN3_RERANKER_QUERY)]
     pub rerank_query_template: String,
     /// Document side of the prompt; `{document}` is substituted.
-    #[arg(long, default_value = crate::http::rerank::QWEN3_RERANKER_DOCUMENT)]
+    #[arg(long, default_value = tally_engine::rerank::QWEN3_RERANKER_DOCUMENT)]
     pub rerank_document_template: String,
     /// Instruction used when a request gives none.
-    #[arg(long, default_value = crate::http::rerank::QWEN3_RERANKER_INSTRUCTION)]
+    #[arg(long, default_value = tally_engine::rerank::QWEN3_RERANKER_INSTRUCTION)]
     pub rerank_instruction: String,
     /// The "relevant" answer; must be one token.
     #[arg(long, default_value = "yes")]
@@ -225,6 +228,18 @@ pub struct RerankArgs {
     /// The "not relevant" answer; must be one token.
     #[arg(long, default_value = "no")]
     pub rerank_no: String,
+}
+
+impl RerankArgs {
+    pub fn template(&self) -> tally_engine::RerankTemplate {
+        tally_engine::RerankTemplate {
+            query: self.rerank_query_template.clone(),
+            document: self.rerank_document_template.clone(),
+            instruction: self.rerank_instruction.clone(),
+            yes: self.rerank_yes.clone(),
+            no: self.rerank_no.clone(),
+        }
+    }
 }
 
 #[derive(Args)]

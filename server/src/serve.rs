@@ -6,17 +6,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use axum::http::StatusCode;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::Semaphore;
 use tally_model::ScoringBackend;
 use tally_core::PassBudget;
-use tally_engine::{Scheduler, SchedulerOptions, ScorerOptions};
+use tally_engine::{Reranker, Scheduler, SchedulerOptions, ScorerOptions};
 
 use crate::backend::{dispatch, WithBackend};
 use crate::cli::ServeArgs;
 use crate::http::auth::AuthConfig;
+use crate::http::error::ApiError;
+use crate::http::parse_errors::JsonParseErrors;
 use crate::http::{self, AppState, ServerLimits};
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -29,6 +32,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let limits = ConnectionLimits {
         max_connections: args.max_connections,
         header_timeout: Duration::from_secs_f64(args.header_timeout_secs),
+        max_header_bytes: args.max_header_bytes,
         drain_timeout: Duration::from_secs_f64(args.shutdown_timeout_secs),
     };
     let (state, listen, cors) = dispatch(device, args)?;
@@ -49,7 +53,10 @@ impl WithBackend for ServeArgs {
         };
         let scorer = crate::loading::load_scorer::<B>(&dir, &device, options)?.with_model_name(name);
         let preparer = scorer.preparer().clone();
-        let rerank = http::rerank::RerankTemplate::new(&self.rerank, &preparer);
+        let rerank = Reranker::new(self.rerank.template(), &preparer).map(Arc::new).map_err(|reason| {
+            tracing::warn!("/v1/rerank is disabled: {reason}");
+            reason.to_string()
+        });
         let scheduler = Scheduler::start(scorer, SchedulerOptions { max_queue: self.max_queue, max_batch_tokens: self.max_batch_tokens });
         let limits = ServerLimits {
             max_items: self.max_items_per_request,
@@ -74,6 +81,8 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// For a request's headers to arrive; also how long an idle keep-alive connection stays.
     pub header_timeout: Duration,
+    /// Request line and headers; more gets 431.
+    pub max_header_bytes: usize,
     /// After SIGTERM, for accepted requests to finish before the process exits anyway.
     pub drain_timeout: Duration,
 }
@@ -84,7 +93,7 @@ async fn serve(state: AppState, listen: String, cors: Vec<String>, limits: Conne
     let state = Arc::new(state);
     let app = http::router(Arc::clone(&state), &cors);
     let mut builder = hyper::server::conn::http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_header_size(limits.max_header_bytes);
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut first_signal = std::pin::pin!(shutdown_signal());
@@ -105,7 +114,7 @@ async fn serve(state: AppState, listen: String, cors: Vec<String>, limits: Conne
             tokio::spawn(shed(stream, limits.max_connections));
             continue;
         };
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone())));
+        let connection = graceful.watch(builder.serve_connection(TokioIo::new(JsonParseErrors::new(stream)), TowerToHyperService::new(app.clone())));
         tokio::spawn(async move {
             let _ = connection.await;
             drop(slot);
@@ -133,9 +142,7 @@ async fn serve(state: AppState, listen: String, cors: Vec<String>, limits: Conne
 /// Over the connection limit: a 503 in the API's error format, then close.
 async fn shed(mut stream: tokio::net::TcpStream, limit: usize) {
     use tokio::io::AsyncWriteExt;
-    let body = serde_json::json!({"object": "error", "message": format!("the server holds its limit of {limit} connections; retry later"),
-        "type": "ServiceUnavailableError", "param": null, "code": 503})
-    .to_string();
+    let body = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("the server holds its limit of {limit} connections; retry later")).to_json();
     let response = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()

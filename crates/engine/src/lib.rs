@@ -4,16 +4,19 @@
 //! ([`prepare`]) → queued and batched with concurrent requests ([`scheduler`]) → each query
 //! prefilled once or taken from the [`prefix_cache`] → items of all batched requests split into
 //! shared passes ([`tally_core::plan_passes`]) → label probabilities ([`scorer`]).
+//! [`rerank`] turns (query, documents) into such a request.
 
 pub mod prefix_cache;
 pub mod prepare;
+pub mod rerank;
 pub mod scheduler;
 pub mod scorer;
 pub mod stats;
 pub mod tokenizer;
 
-pub use prepare::RequestPreparer;
+pub use prepare::{RequestError, RequestPreparer};
+pub use rerank::{RerankSetupError, RerankTemplate, Reranker};
 pub use scheduler::{ScheduleError, Scheduler, SchedulerOptions};
 pub use scorer::{EngineError, Scorer, ScorerOptions};
 pub use stats::{EngineStats, Histogram};
-pub use tokenizer::TextTokenizer;
+pub use tokenizer::{PromptPart, TextTokenizer};

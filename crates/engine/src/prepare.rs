@@ -3,10 +3,20 @@
 
 use std::sync::Arc;
 
-use tally_core::{ModelLimits, RequestInput, ScoreInput, ScoreRequest};
+use tally_core::{ModelLimits, RequestInput, ScoreInput, ScoreRequest, ValidationError};
 
-use crate::scorer::EngineError;
-use crate::tokenizer::TextTokenizer;
+use crate::tokenizer::{TextTokenizer, TokenizerError};
+
+/// Why a request cannot be scored: the caller's fault (HTTP 4xx), unlike an engine error.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error("text input needs a tokenizer, and {0} has none tally can use (no tokenizer.json, or a SentencePiece GGUF vocabulary): send token ids instead")]
+    NoTokenizer(String),
+    #[error(transparent)]
+    Tokenize(#[from] TokenizerError),
+}
 
 #[derive(Clone)]
 pub struct RequestPreparer {
@@ -33,12 +43,12 @@ impl RequestPreparer {
     }
 
     /// The tokenizer, or the error a text request gets without one.
-    pub fn tokenizer(&self) -> Result<&TextTokenizer, EngineError> {
-        self.tokenizer.as_deref().ok_or_else(|| EngineError::NoTokenizer(self.model_name.clone()))
+    pub fn tokenizer(&self) -> Result<&TextTokenizer, RequestError> {
+        self.tokenizer.as_deref().ok_or_else(|| RequestError::NoTokenizer(self.model_name.clone()))
     }
 
     /// Tokenizes text (if any) and validates everything against the model.
-    pub fn prepare(&self, request: &ScoreRequest) -> Result<ScoreInput, EngineError> {
+    pub fn prepare(&self, request: &ScoreRequest) -> Result<ScoreInput, RequestError> {
         let (query, items) = match request.input()? {
             RequestInput::Ids { query, items } => (query.to_vec(), items.to_vec()),
             RequestInput::Text { query, items } => {

@@ -7,25 +7,23 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
-use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse, ValidationError};
+use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
 use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, ModelFiles, QueryKv, ScoringBackend, PREFILL_CHUNK};
 
 use crate::prefix_cache::PrefixLru;
-use crate::prepare::RequestPreparer;
+use crate::prepare::{RequestError, RequestPreparer};
 use crate::stats::EngineStats;
 use crate::tokenizer::{TextTokenizer, TokenizerError};
 
+/// Why scoring failed: the request (the caller's fault), or loading and running the model.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    /// The request is invalid: the caller's fault (HTTP 4xx).
     #[error(transparent)]
-    Invalid(#[from] ValidationError),
-    #[error("text input needs a tokenizer, and {0} has none tally can use (no tokenizer.json, or a SentencePiece GGUF vocabulary): send token ids instead")]
-    NoTokenizer(String),
-    #[error(transparent)]
-    Tokenizer(#[from] TokenizerError),
+    Request(#[from] RequestError),
     #[error(transparent)]
     Load(#[from] LoadError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
     #[error("cannot read results back from the device: {0}")]
     Device(String),
 }

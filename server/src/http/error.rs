@@ -5,7 +5,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tally_core::ValidationError;
-use tally_engine::{EngineError, ScheduleError};
+use tally_engine::{RequestError, ScheduleError};
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -45,13 +45,19 @@ impl ApiError {
         ApiError::new(status, message)
     }
 
+    /// The error as the API's JSON body.
+    pub fn to_json(&self) -> String {
+        let body = ErrorBody { object: "error", message: &self.message, r#type: self.kind(), param: self.param.as_deref(), code: self.status.as_u16() };
+        serde_json::to_string(&body).expect("an error body serializes")
+    }
+
     fn kind(&self) -> &'static str {
         match self.status {
             StatusCode::BAD_REQUEST => "BadRequestError",
             StatusCode::UNAUTHORIZED => "AuthenticationError",
             StatusCode::NOT_FOUND => "NotFoundError",
             StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
-            StatusCode::PAYLOAD_TOO_LARGE => "RequestTooLargeError",
+            StatusCode::PAYLOAD_TOO_LARGE | StatusCode::URI_TOO_LONG | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "RequestTooLargeError",
             StatusCode::UNPROCESSABLE_ENTITY => "UnprocessableEntityError",
             StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
             StatusCode::GATEWAY_TIMEOUT => "TimeoutError",
@@ -60,16 +66,15 @@ impl ApiError {
     }
 }
 
-impl From<EngineError> for ApiError {
-    fn from(error: EngineError) -> Self {
+impl From<RequestError> for ApiError {
+    fn from(error: RequestError) -> Self {
         let message = error.to_string();
         match &error {
-            EngineError::Invalid(invalid @ ValidationError::TokenIdOutOfRange { .. }) => {
+            RequestError::Invalid(invalid @ ValidationError::TokenIdOutOfRange { .. }) => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, message).with_param(invalid.param())
             }
-            EngineError::Invalid(invalid) => ApiError::new(StatusCode::BAD_REQUEST, message).with_param(invalid.param()),
-            EngineError::NoTokenizer(_) | EngineError::Tokenizer(_) => ApiError::new(StatusCode::BAD_REQUEST, message),
-            EngineError::Load(_) | EngineError::Device(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message),
+            RequestError::Invalid(invalid) => ApiError::new(StatusCode::BAD_REQUEST, message).with_param(invalid.param()),
+            RequestError::NoTokenizer(_) | RequestError::Tokenize(_) => ApiError::new(StatusCode::BAD_REQUEST, message),
         }
     }
 }
@@ -94,8 +99,7 @@ impl IntoResponse for ApiError {
             status if status.is_server_error() => tracing::error!(status = %status, "{}", self.message),
             _ => {}
         }
-        let body = ErrorBody { object: "error", message: &self.message, r#type: self.kind(), param: self.param.as_deref(), code: self.status.as_u16() };
-        let mut response = (self.status, axum::Json(body)).into_response();
+        let mut response = (self.status, [(header::CONTENT_TYPE, "application/json")], self.to_json()).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
         }

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod error;
 pub mod metrics;
 pub mod openapi;
+pub mod parse_errors;
 pub mod rerank;
 pub mod score;
 
@@ -23,12 +24,11 @@ use axum::{Json, Router};
 use serde_json::json;
 use tally_core::{ScoreInput, ScoreRequest};
 use tokio::sync::Semaphore;
-use tally_engine::{RequestPreparer, Scheduler};
+use tally_engine::{RequestError, RequestPreparer, Reranker, Scheduler};
 
 use auth::AuthConfig;
 use error::ApiError;
 use metrics::HttpMetrics;
-use rerank::RerankTemplate;
 
 /// Per-request limits, all configurable on the command line.
 #[derive(Debug, Clone, Copy)]
@@ -47,7 +47,8 @@ pub struct ServerLimits {
 pub struct AppState {
     scheduler: Scheduler,
     preparer: RequestPreparer,
-    rerank: RerankTemplate,
+    /// Or why reranking is unavailable with this model (no tokenizer, say).
+    rerank: Result<Arc<Reranker>, String>,
     limits: ServerLimits,
     metrics: HttpMetrics,
     started: std::time::SystemTime,
@@ -58,7 +59,7 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(scheduler: Scheduler, preparer: RequestPreparer, rerank: RerankTemplate, limits: ServerLimits, auth: AuthConfig) -> Self {
+    pub fn new(scheduler: Scheduler, preparer: RequestPreparer, rerank: Result<Arc<Reranker>, String>, limits: ServerLimits, auth: AuthConfig) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let started = std::time::SystemTime::now();
         AppState { scheduler, preparer, rerank, limits, metrics: HttpMetrics::default(), started, tokenizing: Semaphore::new(cores), auth }
@@ -69,17 +70,27 @@ impl AppState {
         self.check_items(request.items.len())?;
         self.check_labels(request.label_token_ids.len())?;
         let text_bytes = request.text_bytes();
-        if text_bytes > self.limits.max_text_bytes {
-            let message = format!("request has {text_bytes} bytes of text; this server takes at most {}", self.limits.max_text_bytes);
-            return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).with_param("items"));
-        }
         if text_bytes == 0 {
             return Ok(self.preparer.prepare(&request)?);
         }
-        let _permit = self.tokenizing.acquire().await.map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"))?;
+        self.check_text_bytes(text_bytes, "items")?;
         let preparer = self.preparer.clone();
-        let prepared = tokio::task::spawn_blocking(move || preparer.prepare(&request)).await;
-        Ok(prepared.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("tokenization failed: {e}")))??)
+        self.off_runtime(move || preparer.prepare(&request)).await
+    }
+
+    /// Runs tokenization on the blocking pool, a request per core at a time.
+    async fn off_runtime<T: Send + 'static>(&self, work: impl FnOnce() -> Result<T, RequestError> + Send + 'static) -> Result<T, ApiError> {
+        let _permit = self.tokenizing.acquire().await.map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"))?;
+        let done = tokio::task::spawn_blocking(work).await;
+        Ok(done.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("tokenization failed: {e}")))??)
+    }
+
+    fn check_text_bytes(&self, text_bytes: usize, param: &str) -> Result<(), ApiError> {
+        if text_bytes > self.limits.max_text_bytes {
+            let message = format!("request has {text_bytes} bytes of text; this server takes at most {}", self.limits.max_text_bytes);
+            return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).with_param(param));
+        }
+        Ok(())
     }
 
     /// Checks the server's size limits, queues the input, and waits for its scores.
