@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 /// A score request: for every item, the probability of each label as the next token after
 /// `query + item` (or `item + query` with `item_first`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ScoreRequest {
     pub query: Query,
     pub items: Items,
@@ -22,6 +23,7 @@ pub struct ScoreRequest {
 /// The query: text or token ids. Ids are `i64` so that negative ids reach validation and get a
 /// precise error instead of a generic JSON type error.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum Query {
     Text(String),
@@ -30,6 +32,7 @@ pub enum Query {
 
 /// The items: one text, several texts, or several token-id lists.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum Items {
     Text(String),

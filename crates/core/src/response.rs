@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ScoreResponse {
     /// `scores[i][j]`: probability of `label_token_ids[j]` after item `i`.
     pub scores: Vec<Vec<f64>>,
@@ -14,6 +15,7 @@ pub struct ScoreResponse {
 /// Token accounting. `prompt_tokens` counts the tokens tally actually ran: the query once plus
 /// every item (with `item_first`, the query once per item, since it cannot be shared).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,

@@ -14,13 +14,46 @@ pub struct ApiError {
     pub param: Option<String>,
 }
 
-#[derive(Serialize)]
-struct ErrorBody<'a> {
+/// Every error's body.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Error)]
+pub struct ErrorBody<'a> {
+    /// Always `"error"`.
     object: &'static str,
     message: &'a str,
+    /// The error class, e.g. `BadRequestError`, `RequestTooLargeError`, `TimeoutError`.
     r#type: &'static str,
+    /// The request field at fault, where there is one.
     param: Option<&'a str>,
+    /// The HTTP status.
     code: u16,
+}
+
+/// The errors an API route can answer, for the OpenAPI document.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // only described, never built
+pub enum ApiErrors<'a> {
+    /// Malformed JSON, a missing field, an empty query or item, mixed text and ids.
+    #[response(status = 400)]
+    BadRequest(ErrorBody<'a>),
+    /// `--api-key` is set and the request has no valid `Authorization: Bearer` key.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody<'a>),
+    /// The request names a model this server does not serve.
+    #[response(status = 404)]
+    NotFound(ErrorBody<'a>),
+    /// Over a server limit: body bytes, items, labels, text bytes or prompt tokens.
+    #[response(status = 413)]
+    TooLarge(ErrorBody<'a>),
+    /// A token id outside the model's vocabulary.
+    #[response(status = 422)]
+    Unprocessable(ErrorBody<'a>),
+    /// The queue or the connection limit is full; retry after `Retry-After` seconds.
+    #[response(status = 503)]
+    Overloaded(ErrorBody<'a>),
+    /// Not scored within `--request-timeout-secs`.
+    #[response(status = 504)]
+    Timeout(ErrorBody<'a>),
 }
 
 impl ApiError {

@@ -36,6 +36,8 @@ pub async fn record(State(state): State<Arc<AppState>>, request: Request, next: 
     response
 }
 
+/// Request, queue, batch and cache counters and latency histograms.
+#[utoipa::path(get, tag = "service", path = "/metrics", responses((status = 200, description = "Prometheus text exposition format", content_type = "text/plain")))]
 pub async fn render(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let mut out = String::new();
     let http = &state.metrics;

@@ -189,6 +189,8 @@ fn cors_layer(origins: &[String]) -> CorsLayer {
     }
 }
 
+/// The served model, with its context length and vocabulary size.
+#[utoipa::path(get, tag = "service", path = "/v1/models", responses((status = 200, description = "OpenAI-style model list")))]
 async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     let created = state.started.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let limits = state.preparer.limits();
@@ -205,6 +207,8 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     }))
 }
 
+/// Liveness: answers while the server runs, also under load.
+#[utoipa::path(get, tag = "service", path = "/health", responses((status = 200, description = "`{\"status\": \"ok\"}`")))]
 async fn health() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }

@@ -12,10 +12,10 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::error::ApiError;
+use super::error::{ApiError, ApiErrors};
 use super::AppState;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 pub struct RerankRequest {
     #[serde(default)]
     model: Option<String>,
@@ -31,7 +31,7 @@ pub struct RerankRequest {
 }
 
 /// A document as a plain string or as `{"text": ...}`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 enum Document {
     Text(String),
@@ -46,7 +46,7 @@ impl Document {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct RerankResponse {
     id: String,
     model: String,
@@ -54,7 +54,7 @@ pub struct RerankResponse {
     usage: RerankUsage,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct RerankResult {
     index: usize,
     relevance_score: f64,
@@ -62,17 +62,20 @@ struct RerankResult {
     document: Option<DocumentText>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct DocumentText {
     text: String,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct RerankUsage {
     prompt_tokens: usize,
     total_tokens: usize,
 }
 
+/// Documents by relevance: P(yes) / (P(yes) + P(no)) after the rerank prompt. Also at `/rerank`.
+#[utoipa::path(post, tag = "scoring", path = "/v1/rerank", request_body = RerankRequest,
+    responses((status = 200, description = "Documents, most relevant first", body = RerankResponse), ApiErrors))]
 pub async fn rerank(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Json<RerankResponse>, ApiError> {
     let body = body.map_err(ApiError::unreadable_body)?;
     let request: RerankRequest = serde_json::from_slice(&body).map_err(ApiError::malformed)?;

@@ -8,9 +8,12 @@ use axum::extract::State;
 use axum::Json;
 use tally_core::{ScoreRequest, ScoreResponse};
 
-use super::error::ApiError;
+use super::error::{ApiError, ApiErrors};
 use super::AppState;
 
+/// Probability of each label token after query + item, for every item.
+#[utoipa::path(post, tag = "scoring", path = "/v1/score", request_body = ScoreRequest,
+    responses((status = 200, description = "`scores[i][j]`: label `j` after item `i`", body = ScoreResponse), ApiErrors))]
 pub async fn score(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Json<ScoreResponse>, ApiError> {
     let body = body.map_err(ApiError::unreadable_body)?;
     let request: ScoreRequest = serde_json::from_slice(&body).map_err(ApiError::malformed)?;
