@@ -52,6 +52,44 @@ pub enum BenchCommand {
     Scenario(ScenarioArgs),
     /// One layer's multi-item attention (tally's kernel) against dense-masked attention.
     Attention(AttentionBenchArgs),
+    /// Starts `tally serve` and runs mixed valid and invalid load at a multiple of its capacity
+    /// for minutes; reports requests lost, status counts and the RSS slope.
+    Soak(SoakArgs),
+}
+
+#[derive(Args)]
+pub struct SoakArgs {
+    /// The model to serve (as `tally serve --model`).
+    #[arg(long)]
+    pub model: String,
+    /// More `tally serve` arguments, space-separated (e.g. "--backend wgpu --max-queue 64").
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub serve_args: String,
+    #[arg(long, default_value_t = 10.0)]
+    pub minutes: f64,
+    /// Offered load as a multiple of the measured capacity.
+    #[arg(long, default_value_t = 2.0)]
+    pub overload: f64,
+    /// Share of requests that are invalid (of 12 kinds, from bad JSON to bad HTTP).
+    #[arg(long, default_value_t = 0.3)]
+    pub invalid_fraction: f64,
+    /// Seconds of back-to-back requests that measure the capacity.
+    #[arg(long, default_value_t = 20.0)]
+    pub calibrate_secs: f64,
+    /// Clients sending back to back while measuring the capacity.
+    #[arg(long, default_value_t = 4)]
+    pub clients: usize,
+    #[arg(long, default_value_t = 100)]
+    pub prompt_tokens: usize,
+    #[arg(long, default_value_t = 10)]
+    pub items_per_request: usize,
+    #[arg(long, default_value_t = 10)]
+    pub item_tokens: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Where to write the JSON result (also printed).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 /// Defaults: seed scenario 1 (2,020-token query, 500 items of 20 tokens), Qwen3-0.6B's heads.

@@ -14,6 +14,7 @@ mod rng;
 mod scenario;
 mod score;
 mod serve;
+mod soak;
 
 use std::process::ExitCode;
 
@@ -27,6 +28,7 @@ fn main() -> ExitCode {
         cli::Command::Bench(cli::BenchCommand::Load(args)) => load::run(args),
         cli::Command::Bench(cli::BenchCommand::Scenario(args)) => scenario::run(args),
         cli::Command::Bench(cli::BenchCommand::Attention(args)) => attention_bench::run(args),
+        cli::Command::Bench(cli::BenchCommand::Soak(args)) => soak::run(args),
         cli::Command::MakeModel(args) => make_model::run(args),
     };
     match result {

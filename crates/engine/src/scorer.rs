@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
-use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, ModelFiles, QueryKv, ScoringBackend, PREFILL_CHUNK};
+use tally_model::{DecoderModel, HotPaths, ItemGroup, LabelTable, LoadError, ModelFiles, OpenedModel, QueryKv, ScoringBackend, PREFILL_CHUNK};
 
 use crate::prefix_cache::PrefixLru;
 use crate::prepare::{RequestError, RequestPreparer};
@@ -47,17 +47,22 @@ pub struct Scorer<B: ScoringBackend> {
 impl<B: ScoringBackend> Scorer<B> {
     /// Loads a model (a Hugging Face directory or a GGUF file) and its tokenizer, if it has
     /// one (without, requests must send token ids).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn load(path: &Path, device: &B::Device, options: ScorerOptions) -> Result<Self, EngineError> {
         Self::load_with_progress(path, device, options, &mut |_, _| {})
     }
 
     /// [`Self::load`], calling `progress(done, total)` as the model's layers are read.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn load_with_progress(path: &Path, device: &B::Device, options: ScorerOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self, EngineError> {
         let files = ModelFiles::locate(path)?;
-        let opened = files.open()?;
+        Self::from_opened(files.open()?, files.name(), device, options, progress)
+    }
+
+    /// A model whose files are already open (or in memory), named `model_name` in responses.
+    pub fn from_opened(opened: OpenedModel, model_name: String, device: &B::Device, options: ScorerOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self, EngineError> {
         let tokenizer = TextTokenizer::from_source(opened.tokenizer)?;
         let model = DecoderModel::load(opened.config, opened.weights.as_ref(), device, progress).map_err(LoadError::from)?;
-        let model_name = files.name();
         let config = model.config();
         let limits = ModelLimits { vocab_size: config.vocab_size, max_positions: config.max_position_embeddings };
         Ok(Scorer {
@@ -75,6 +80,11 @@ impl<B: ScoringBackend> Scorer<B> {
         self
     }
 
+    /// Kernels or plain Burn ops for the hot paths (see [`HotPaths`]).
+    pub fn set_hot_paths(&mut self, hot_paths: HotPaths) {
+        self.model.set_hot_paths(hot_paths);
+    }
+
     /// Tokenization and validation for this model, shareable with other threads.
     pub fn preparer(&self) -> &RequestPreparer {
         &self.preparer
@@ -86,10 +96,7 @@ impl<B: ScoringBackend> Scorer<B> {
 
     /// Validates, tokenizes and scores one request.
     pub fn score(&mut self, request: &ScoreRequest) -> Result<ScoreResponse, EngineError> {
-        let input = self.preparer.prepare(request)?;
-        let scores = self.score_batch(&[&input])?.remove(0);
-        let model = request.model.clone().unwrap_or_else(|| self.preparer.model_name().to_owned());
-        Ok(ScoreResponse::new(scores, model, input.prompt_tokens()))
+        burn::tensor::try_read_sync(self.score_async(request)).unwrap_or_else(|| Err(cannot_block()))
     }
 
     /// `scores[r][i][j]` for a batch of validated requests. Each query runs once (or comes from
@@ -105,6 +112,21 @@ impl<B: ScoringBackend> Scorer<B> {
     /// nobody waits for any more (client gone, deadline passed) stops costing work and comes
     /// back `None`.
     pub fn score_batch_while(&mut self, inputs: &[&ScoreInput], wanted: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Vec<Vec<f64>>>>, EngineError> {
+        burn::tensor::try_read_sync(self.score_batch_while_async(inputs, wanted)).unwrap_or_else(|| Err(cannot_block()))
+    }
+
+    /// Validates, tokenizes and scores one request, reading results back asynchronously: the
+    /// browser's path, where blocking on the device is impossible.
+    pub async fn score_async(&mut self, request: &ScoreRequest) -> Result<ScoreResponse, EngineError> {
+        let input = self.preparer.prepare(request)?;
+        let mut scores = self.score_batch_while_async(&[&input], &|_| true).await?;
+        let scores = scores.remove(0).expect("the request is wanted");
+        let model = request.model.clone().unwrap_or_else(|| self.preparer.model_name().to_owned());
+        Ok(ScoreResponse::new(scores, model, input.prompt_tokens()))
+    }
+
+    /// [`Self::score_batch_while`] with asynchronous readback; the one implementation of both.
+    async fn score_batch_while_async(&mut self, inputs: &[&ScoreInput], wanted: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Vec<Vec<f64>>>>, EngineError> {
         let mut dropped = vec![false; inputs.len()];
         let queries: Vec<QueryKv<B>> = inputs
             .iter()
@@ -155,7 +177,7 @@ impl<B: ScoringBackend> Scorer<B> {
             // normalizer cancels).
             let full_vocab = runs.iter().any(|run| !inputs[entries[run[0]].0].apply_softmax);
             let values = if full_vocab { self.model.label_logprobs(hidden, &labels) } else { self.model.label_logits(hidden, &labels) };
-            let values = to_host(values)?;
+            let values = to_host(values).await?;
             let mut rows = values.chunks_exact(labels.width());
             for run in runs {
                 let input = inputs[entries[run[0]].0];
@@ -212,6 +234,10 @@ impl<B: ScoringBackend> Scorer<B> {
     }
 }
 
+fn cannot_block() -> EngineError {
+    EngineError::Device("this platform cannot wait for the device synchronously: use the async API".into())
+}
+
 fn softmax(logits: &[f64]) -> Vec<f64> {
     let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let exps: Vec<f64> = logits.iter().map(|&l| (l - max).exp()).collect();
@@ -219,8 +245,8 @@ fn softmax(logits: &[f64]) -> Vec<f64> {
     exps.into_iter().map(|e| e / sum).collect()
 }
 
-fn to_host<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Result<Vec<f64>, EngineError> {
-    let data = tensor.into_data().convert::<f32>();
+async fn to_host<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Result<Vec<f64>, EngineError> {
+    let data = tensor.into_data_async().await.map_err(|e| EngineError::Device(format!("{e:?}")))?.convert::<f32>();
     let values = data.to_vec::<f32>().map_err(|e| EngineError::Device(format!("{e:?}")))?;
     Ok(values.into_iter().map(f64::from).collect())
 }

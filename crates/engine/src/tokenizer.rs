@@ -49,6 +49,7 @@ impl TextTokenizer {
     pub fn from_source(source: TokenizerSource) -> Result<Option<Self>, TokenizerError> {
         match source {
             TokenizerSource::Json(path) => Self::from_file(&path).map(Some),
+            TokenizerSource::JsonText(json) => Self::from_json(&json).map(Some),
             TokenizerSource::Gguf(vocabulary) => Self::from_gguf(&vocabulary),
             TokenizerSource::None => Ok(None),
         }
@@ -56,6 +57,12 @@ impl TextTokenizer {
 
     pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
         let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::Load { path: path.to_owned(), message: e.to_string() })?;
+        Self::new(inner)
+    }
+
+    /// A `tokenizer.json` document.
+    pub fn from_json(json: &str) -> Result<Self, TokenizerError> {
+        let inner = json.parse().map_err(|e: tokenizers::Error| TokenizerError::Load { path: "tokenizer.json".into(), message: e.to_string() })?;
         Self::new(inner)
     }
 

@@ -5,7 +5,7 @@
 
 use burn::tensor::{activation::silu, backend::Backend, Int, Tensor, TensorData};
 
-use crate::attention::PrefixKv;
+use crate::attention::{self, PrefixKv};
 use crate::backend::ScoringBackend;
 use crate::config::ModelConfig;
 use crate::layout::ItemLayout;
@@ -22,6 +22,19 @@ pub struct DecoderModel<B: Backend> {
     final_norm: Tensor<B, 1>,
     /// `[vocab, hidden]`, `None` when tied to `embed_tokens`.
     lm_head: Option<Tensor<B, 2>>,
+    /// Whether the hot paths run the backend's own kernels or plain Burn ops.
+    hot_paths: HotPaths,
+}
+
+/// How the two hot paths (multi-item attention, the full-vocabulary label log-probabilities) run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HotPaths {
+    /// The backend's [`ScoringBackend`] implementation: tally's CubeCL kernels on wgpu and CUDA.
+    #[default]
+    Backend,
+    /// Plain Burn ops on any backend: the reference, and the fallback where a kernel cannot run
+    /// (a browser whose WebGPU gets them wrong).
+    Plain,
 }
 
 struct DecoderLayer<B: Backend> {
@@ -112,6 +125,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
             layers,
             lm_head,
             config,
+            hot_paths: HotPaths::default(),
         };
         progress(total, total);
         Ok(model)
@@ -119,6 +133,14 @@ impl<B: ScoringBackend> DecoderModel<B> {
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    pub fn hot_paths(&self) -> HotPaths {
+        self.hot_paths
+    }
+
+    pub fn set_hot_paths(&mut self, hot_paths: HotPaths) {
+        self.hot_paths = hot_paths;
     }
 
     pub fn device(&self) -> B::Device {
@@ -172,7 +194,10 @@ impl<B: ScoringBackend> DecoderModel<B> {
 
     /// Full-vocabulary log-probabilities of each row's labels, `[rows, labels.width()]`.
     pub fn label_logprobs(&self, hidden: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
-        B::label_logprobs(hidden, self.head(), labels)
+        match self.hot_paths {
+            HotPaths::Backend => B::label_logprobs(hidden, self.head(), labels),
+            HotPaths::Plain => lm_head::label_logprobs(hidden, self.head(), labels),
+        }
     }
 
     fn head(&self) -> Tensor<B, 2> {
@@ -211,7 +236,10 @@ impl<B: ScoringBackend> DecoderModel<B> {
                 kept.push(PrefixKv { keys: k.clone().swap_dims(0, 1), values: v.clone().swap_dims(0, 1) });
             }
             let layer_prefixes: Vec<&PrefixKv<B>> = queries.iter().map(|query| &query.layers[index]).collect();
-            let attended = B::multi_item_attention(q, k, v, &layer_prefixes, layout);
+            let attended = match self.hot_paths {
+                HotPaths::Backend => B::multi_item_attention(q, k, v, &layer_prefixes, layout),
+                HotPaths::Plain => attention::multi_item_attention(q, k, v, &layer_prefixes, layout),
+            };
             x = x + attended.reshape([count, q_width]).matmul(layer.o_proj.clone());
 
             let h = rms_norm(x.clone(), &layer.post_attention_norm, c.rms_norm_eps);

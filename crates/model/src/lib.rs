@@ -1,7 +1,8 @@
 //! tally-model: Qwen3, Llama and Qwen2 decoders in Burn, generic over the backend, shaped for
 //! scoring.
 //!
-//! - [`source`]: finds a model on disk (Hugging Face directory or GGUF file) and its tokenizer.
+//! - [`source`]: finds a model on disk (Hugging Face directory or GGUF file) and its tokenizer,
+//!   or takes its files as bytes (the browser).
 //! - [`config`]: the architecture, from `config.json` (transformers 4.x and 5.x) or GGUF metadata.
 //! - [`weights`] / [`gguf`]: tensors from safetensors (single or sharded, f32/bf16/f16) or GGUF
 //!   (F32 to Q6_K, dequantised at load).
@@ -20,6 +21,7 @@ pub mod config;
 #[cfg(feature = "cubecl")]
 mod cube;
 pub mod decoder;
+mod file_data;
 pub mod gguf;
 pub mod layout;
 pub mod lm_head;
@@ -32,7 +34,7 @@ pub mod weights;
 
 pub use backend::ScoringBackend;
 pub use config::{Family, ModelConfig};
-pub use decoder::DecoderModel;
+pub use decoder::{DecoderModel, HotPaths};
 pub use layout::ItemLayout;
 pub use lm_head::LabelTable;
 pub use query_kv::{ItemGroup, QueryKv, PREFILL_CHUNK};

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::config::{ConfigError, ModelConfig};
 use crate::gguf::checkpoint::GgufVocabulary;
-use crate::gguf::GgufCheckpoint;
+use crate::gguf::{GgufCheckpoint, GgufFile};
 use crate::weights::{Checkpoint, TensorSource, WeightsError};
 
 #[derive(Debug, thiserror::Error)]
@@ -41,9 +41,32 @@ pub struct OpenedModel {
 /// Where the text tokenizer comes from.
 pub enum TokenizerSource {
     Json(PathBuf),
+    /// A `tokenizer.json` document already in memory.
+    JsonText(String),
     Gguf(Box<GgufVocabulary>),
     /// Token-id requests only.
     None,
+}
+
+impl OpenedModel {
+    /// A Hugging Face model in memory: `config.json`, one `model.safetensors` file and, if it has
+    /// one, `tokenizer.json` (the browser build fetches them).
+    pub fn from_hf_bytes(config_json: &str, safetensors: Vec<u8>, tokenizer_json: Option<String>) -> Result<Self, LoadError> {
+        let config = ModelConfig::from_json(config_json).map_err(|source| LoadError::Config { path: "config.json".into(), source })?;
+        let weights = Box::new(Checkpoint::from_bytes("model.safetensors", safetensors)?);
+        Ok(OpenedModel { config, weights, tokenizer: tokenizer_json.map_or(TokenizerSource::None, TokenizerSource::JsonText) })
+    }
+
+    /// A GGUF file in memory; `name` stands for its path in errors.
+    pub fn from_gguf_bytes(name: &str, bytes: Vec<u8>) -> Result<Self, LoadError> {
+        Self::from_gguf(GgufCheckpoint::new(GgufFile::from_bytes(name, bytes).map_err(WeightsError::from)?)?)
+    }
+
+    fn from_gguf(checkpoint: GgufCheckpoint) -> Result<Self, LoadError> {
+        let vocabulary = checkpoint.vocabulary().map_err(WeightsError::from)?;
+        let tokenizer = vocabulary.map_or(TokenizerSource::None, |v| TokenizerSource::Gguf(Box::new(v)));
+        Ok(OpenedModel { config: checkpoint.config().clone(), weights: Box::new(checkpoint), tokenizer })
+    }
 }
 
 impl ModelFiles {
@@ -88,6 +111,7 @@ impl ModelFiles {
     }
 
     /// Reads the architecture and the tokenizer's source, and maps the weights.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn open(&self) -> Result<OpenedModel, LoadError> {
         match self {
             ModelFiles::HuggingFace(dir) => {
@@ -98,12 +122,7 @@ impl ModelFiles {
                 let tokenizer = if tokenizer_path.is_file() { TokenizerSource::Json(tokenizer_path) } else { TokenizerSource::None };
                 Ok(OpenedModel { config, weights: Box::new(Checkpoint::open(dir)?), tokenizer })
             }
-            ModelFiles::Gguf(file) => {
-                let checkpoint = GgufCheckpoint::open(file)?;
-                let vocabulary = checkpoint.vocabulary().map_err(WeightsError::from)?;
-                let tokenizer = vocabulary.map_or(TokenizerSource::None, |v| TokenizerSource::Gguf(Box::new(v)));
-                Ok(OpenedModel { config: checkpoint.config().clone(), weights: Box::new(checkpoint), tokenizer })
-            }
+            ModelFiles::Gguf(file) => OpenedModel::from_gguf(GgufCheckpoint::open(file)?),
         }
     }
 }

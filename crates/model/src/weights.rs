@@ -3,11 +3,11 @@
 //! [`GgufCheckpoint`](crate::gguf::GgufCheckpoint) reads GGUF.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use safetensors::{tensor::Metadata, Dtype, SafeTensors};
+
+use crate::file_data::FileData;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -38,13 +38,14 @@ pub trait TensorSource {
 }
 
 struct Shard {
+    /// The file's path, or the name it goes by in memory.
     path: PathBuf,
-    map: Mmap,
+    map: FileData,
     data_start: usize,
     metadata: Metadata,
 }
 
-/// Every tensor of a checkpoint, memory-mapped; a tensor is converted to f32 when it is read.
+/// Every tensor of a checkpoint, memory-mapped (or in memory); a tensor is converted to f32 when it is read.
 pub struct Checkpoint {
     shards: Vec<Shard>,
     shard_of: HashMap<String, usize>,
@@ -52,6 +53,7 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// Opens `model.safetensors`, or the shards listed in `model.safetensors.index.json`.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn open(dir: &Path) -> Result<Self, WeightsError> {
         let single = dir.join("model.safetensors");
         let index = dir.join("model.safetensors.index.json");
@@ -62,16 +64,29 @@ impl Checkpoint {
         } else {
             return Err(WeightsError::NoWeights(dir.to_owned()));
         };
-        let mut shards = Vec::with_capacity(files.len());
+        let shards = files
+            .into_iter()
+            .map(|path| {
+                let map = FileData::map(&path).map_err(|source| WeightsError::Io { path: path.clone(), source })?;
+                Shard::new(path, map)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self::from_shards(shards))
+    }
+
+    /// One safetensors file already in memory; `name` stands for its path in errors.
+    pub fn from_bytes(name: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Self, WeightsError> {
+        Ok(Self::from_shards(vec![Shard::new(name.into(), FileData::Owned(bytes))?]))
+    }
+
+    fn from_shards(shards: Vec<Shard>) -> Self {
         let mut shard_of = HashMap::new();
-        for path in files {
-            let shard = open_shard(path)?;
+        for (index, shard) in shards.iter().enumerate() {
             for name in shard.metadata.tensors().into_keys() {
-                shard_of.insert(name, shards.len());
+                shard_of.insert(name, index);
             }
-            shards.push(shard);
         }
-        Ok(Checkpoint { shards, shard_of })
+        Checkpoint { shards, shard_of }
     }
 
 }
@@ -116,11 +131,10 @@ fn shard_files(index: &Path) -> Result<Vec<PathBuf>, WeightsError> {
     Ok(files.into_iter().map(|file| dir.join(file)).collect())
 }
 
-fn open_shard(path: PathBuf) -> Result<Shard, WeightsError> {
-    let file = File::open(&path).map_err(|source| WeightsError::Io { path: path.clone(), source })?;
-    // SAFETY: checkpoints are read-only inputs; tally never writes to a mapped file.
-    let map = unsafe { Mmap::map(&file) }.map_err(|source| WeightsError::Io { path: path.clone(), source })?;
-    let (header_len, metadata) =
-        SafeTensors::read_metadata(&map).map_err(|e| WeightsError::Format { path: path.clone(), message: e.to_string() })?;
-    Ok(Shard { path, map, data_start: 8 + header_len, metadata })
+impl Shard {
+    fn new(path: PathBuf, map: FileData) -> Result<Self, WeightsError> {
+        let (header_len, metadata) =
+            SafeTensors::read_metadata(&map).map_err(|e| WeightsError::Format { path: path.clone(), message: e.to_string() })?;
+        Ok(Shard { path, map, data_start: 8 + header_len, metadata })
+    }
 }

@@ -33,8 +33,12 @@ pub struct GgufVocabulary {
 }
 
 impl GgufCheckpoint {
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn open(path: &Path) -> Result<Self, WeightsError> {
-        let file = GgufFile::open(path)?;
+        Self::new(GgufFile::open(path)?)
+    }
+
+    pub fn new(file: GgufFile) -> Result<Self, WeightsError> {
         let config = config_from_metadata(&file)?;
         Ok(GgufCheckpoint { file, config })
     }

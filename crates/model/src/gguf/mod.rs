@@ -1,5 +1,5 @@
 //! GGUF files (llama.cpp's format, versions 2 and 3): header, metadata and tensor directory read
-//! over a memory map, every offset and count checked against the file, so a truncated or
+//! over a memory map (or bytes in memory), every offset and count checked against the file, so a truncated or
 //! corrupt file is an error that says where, never a panic. Tensors are dequantised to f32 when
 //! read ([`quant`]); [`checkpoint`] maps a file onto tally's model.
 //!
@@ -10,10 +10,9 @@ pub mod checkpoint;
 pub mod quant;
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
+use crate::file_data::FileData;
 
 pub use checkpoint::GgufCheckpoint;
 pub use quant::TensorType;
@@ -67,22 +66,30 @@ impl TensorInfo {
     }
 }
 
-/// A GGUF file, memory-mapped, with its metadata and tensor directory parsed.
+/// A GGUF file, memory-mapped or in memory, with its metadata and tensor directory parsed.
 pub struct GgufFile {
+    /// The file's path, or the name it goes by in memory: for error messages.
     path: PathBuf,
-    map: Mmap,
+    map: FileData,
     metadata: HashMap<String, Value>,
     tensors: HashMap<String, TensorInfo>,
 }
 
 impl GgufFile {
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn open(path: &Path) -> Result<Self, GgufError> {
-        let io = |source| GgufError::Io { path: path.to_owned(), source };
-        let file = File::open(path).map_err(io)?;
-        // SAFETY: model files are read-only inputs; tally never writes to a mapped file.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let (metadata, tensors) = parse(path, &map)?;
-        Ok(GgufFile { path: path.to_owned(), map, metadata, tensors })
+        let map = FileData::map(path).map_err(|source| GgufError::Io { path: path.to_owned(), source })?;
+        Self::from_data(path.to_owned(), map)
+    }
+
+    /// A GGUF file already in memory; `name` stands for its path in errors.
+    pub fn from_bytes(name: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Self, GgufError> {
+        Self::from_data(name.into(), FileData::Owned(bytes))
+    }
+
+    fn from_data(path: PathBuf, map: FileData) -> Result<Self, GgufError> {
+        let (metadata, tensors) = parse(&path, &map)?;
+        Ok(GgufFile { path, map, metadata, tensors })
     }
 
     pub fn path(&self) -> &Path {

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds the browser page into web/dist/: the wasm module (tally-web, release), its JS bindings
+# (wasm-bindgen CLI pinned to the crate's version), the JS API, the page, and the fixture models
+# the page loads by default. Offline: cargo, wasm-bindgen-cli from crates.io once, wasm-opt if
+# Debian's binaryen is installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tally-target}"
+
+version=$(sed -n '/^name = "wasm-bindgen"$/{n;s/version = "\(.*\)"/\1/p;}' Cargo.lock)
+if [ "$(wasm-bindgen --version 2>/dev/null | cut -d' ' -f2)" != "$version" ]; then
+    # Not --locked: one of its pinned dependencies is gone from the registry (see shared notes).
+    cargo install --quiet wasm-bindgen-cli --version "$version" --no-default-features
+fi
+rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
+
+cargo build --release --locked -p tally-web --target wasm32-unknown-unknown
+dist=web/dist
+rm -rf "$dist"
+mkdir -p "$dist/pkg" "$dist/models"
+wasm-bindgen --target web --no-typescript --out-dir "$dist/pkg" "$CARGO_TARGET_DIR/wasm32-unknown-unknown/release/tally_web.wasm"
+if command -v wasm-opt >/dev/null; then
+    wasm-opt -O2 --enable-bulk-memory --enable-nontrapping-float-to-int "$dist/pkg/tally_web_bg.wasm" -o "$dist/pkg/tally_web_bg.wasm"
+fi
+cp web/static/* web/js/tally.js "$dist/"
+for model in wide-vocab tied-gqa qwen3-gguf llama-gguf; do
+    cp -r "tests/fixtures/models/$model" "$dist/models/"
+done
+echo "built $dist: $(du -h "$dist/pkg/tally_web_bg.wasm" | cut -f1) wasm ($(gzip -c "$dist/pkg/tally_web_bg.wasm" | wc -c | awk '{printf "%.1f MB", $1/1e6}') gzip)"

@@ -1,0 +1,120 @@
+// tally in the browser: `await tally.load(source)` then `await tally.score(request)`, where the
+// request and the response are those of the server's /v1/score. An ES module; it also sets
+// `window.tally` for pages that do not use modules.
+import init, { Model } from './pkg/tally_web.js';
+
+let wasmReady = null;
+let model = null;
+// The model scores one request at a time; calls made meanwhile wait their turn.
+let turn = Promise.resolve();
+
+function serialized(work) {
+  const result = turn.then(work, work);
+  turn = result.catch(() => {});
+  return result;
+}
+
+async function webgpuAdapter() {
+  if (!('gpu' in navigator)) throw new Error('this browser has no WebGPU (navigator.gpu is missing)');
+  const adapter = await navigator.gpu.requestAdapter();
+  if (!adapter) throw new Error('no WebGPU adapter is available (is WebGPU enabled, and is there a GPU it may use?)');
+  return adapter;
+}
+
+async function fetchBytes(url, onProgress, optional = false) {
+  const response = await fetch(url);
+  if (optional && response.status === 404) return null;
+  if (!response.ok) throw new Error(`cannot fetch ${url}: HTTP ${response.status}`);
+  const total = Number(response.headers.get('content-length')) || 0;
+  const reader = response.body.getReader();
+  const chunks = [];
+  let received = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    chunks.push(value);
+    received += value.length;
+    onProgress?.({ url, received, total });
+  }
+  const bytes = new Uint8Array(received);
+  let at = 0;
+  for (const chunk of chunks) {
+    bytes.set(chunk, at);
+    at += chunk.length;
+  }
+  return bytes;
+}
+
+const text = (bytes) => (bytes === null ? null : new TextDecoder().decode(bytes));
+const baseName = (path) => path.replace(/\/+$/, '').split('/').pop();
+
+// The files of a model: a `.gguf` URL, a model directory's URL (config.json, model.safetensors,
+// tokenizer.json), or Files from a picker (one .gguf, or those three).
+async function modelFiles(source, onProgress) {
+  if (typeof source === 'string') {
+    if (source.toLowerCase().endsWith('.gguf')) {
+      return { name: baseName(source).replace(/\.gguf$/i, ''), gguf: await fetchBytes(source, onProgress) };
+    }
+    const dir = source.replace(/\/+$/, '');
+    const [config, weights, tokenizer] = await Promise.all([
+      fetchBytes(`${dir}/config.json`, onProgress),
+      fetchBytes(`${dir}/model.safetensors`, onProgress),
+      fetchBytes(`${dir}/tokenizer.json`, onProgress, true),
+    ]);
+    return { name: baseName(dir), config: text(config), weights, tokenizer: text(tokenizer) };
+  }
+  const files = source instanceof File ? [source] : Array.from(source ?? []);
+  const named = (name) => files.find((f) => f.name === name);
+  const bytes = async (file) => (file ? new Uint8Array(await file.arrayBuffer()) : null);
+  const gguf = files.find((f) => f.name.toLowerCase().endsWith('.gguf'));
+  if (gguf) return { name: gguf.name.replace(/\.gguf$/i, ''), gguf: await bytes(gguf) };
+  if (!named('config.json') || !named('model.safetensors')) {
+    throw new Error('pick one .gguf file, or config.json + model.safetensors (+ tokenizer.json)');
+  }
+  return {
+    name: 'local-model',
+    config: await named('config.json').text(),
+    weights: await bytes(named('model.safetensors')),
+    tokenizer: named('tokenizer.json') ? await named('tokenizer.json').text() : null,
+  };
+}
+
+/** Loads a model (replacing the last one); resolves with its info. */
+export async function load(source, { onProgress, kernels = true } = {}) {
+  const adapter = await webgpuAdapter();
+  wasmReady ??= init();
+  await wasmReady;
+  const files = await modelFiles(source, onProgress);
+  return serialized(async () => {
+    const loaded = files.gguf
+      ? await Model.fromGguf(files.name, files.gguf, adapter.limits.maxStorageBufferBindingSize)
+      : await Model.fromHuggingFace(files.name, files.config, files.weights, files.tokenizer ?? undefined, adapter.limits.maxStorageBufferBindingSize);
+    model?.free();
+    model = loaded;
+    model.setKernels(kernels);
+    return { ...model.info(), adapter: adapterName(adapter) };
+  });
+}
+
+/** Scores a /v1/score request object; resolves with the server's response object. */
+export function score(request) {
+  if (!model) return Promise.reject(new Error('no model is loaded: call tally.load(source) first'));
+  return serialized(() => model.score(request));
+}
+
+/** Runs the hot paths with tally's kernels (true) or plain Burn ops (false). */
+export function setKernels(on) {
+  if (!model) throw new Error('no model is loaded');
+  return serialized(async () => model.setKernels(Boolean(on)));
+}
+
+export function info() {
+  return model ? model.info() : null;
+}
+
+function adapterName(adapter) {
+  const i = adapter.info ?? {};
+  return [i.vendor, i.architecture, i.device, i.description].filter(Boolean).join(' ') || 'unknown adapter';
+}
+
+if (typeof window !== 'undefined') window.tally = { load, score, setKernels, info };

@@ -1,0 +1,142 @@
+//! tally in the browser: the same model and engine as the server, compiled to wasm, scoring on
+//! WebGPU through Burn's wgpu backend. `web/js/tally.js` wraps this in the page's JS API
+//! (`tally.load`, `tally.score`); nothing here is specific to the demo page.
+//!
+//! What the browser changes: the model comes as bytes (no file system), the device is set up
+//! and read back asynchronously (a browser cannot block), and the hot paths can run as plain
+//! Burn ops instead of tally's kernels, should an adapter get the kernels wrong.
+#![cfg(target_arch = "wasm32")]
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use burn::backend::wgpu::{graphics::WebGpu, init_setup_async, MemoryConfiguration, RuntimeOptions, WgpuDevice};
+use burn::backend::Wgpu;
+use serde::Serialize;
+use tally_core::ScoreRequest;
+use tally_engine::{EngineError, Scorer, ScorerOptions};
+use tally_model::{HotPaths, OpenedModel};
+use wasm_bindgen::prelude::*;
+
+type Backend = Wgpu<f32>;
+
+#[wasm_bindgen(start)]
+fn start() {
+    console_error_panic_hook::set_once();
+    // Burn and CubeCL report failed GPU work through `log`: send it to the console.
+    let _ = console_log::init_with_level(log::Level::Warn);
+}
+
+/// Sets up WebGPU once per page. Exclusive memory pages, as heavy Burn-on-web apps use: WebGPU
+/// buffers cannot be sliced as freely as native ones.
+async fn device() -> WgpuDevice {
+    thread_local!(static READY: RefCell<bool> = const { RefCell::new(false) });
+    let device = WgpuDevice::default();
+    if !READY.with(|ready| *ready.borrow()) {
+        let options = RuntimeOptions { memory_config: MemoryConfiguration::ExclusivePages, ..Default::default() };
+        init_setup_async::<WebGpu>(&device, options).await;
+        READY.with(|ready| *ready.borrow_mut() = true);
+    }
+    device
+}
+
+/// What the page shows about a loaded model.
+#[derive(Serialize)]
+struct ModelInfo {
+    name: String,
+    family: String,
+    layers: usize,
+    hidden_size: usize,
+    vocab_size: usize,
+    max_positions: usize,
+    has_tokenizer: bool,
+    kernels: bool,
+}
+
+/// A loaded model on the page's WebGPU device.
+#[wasm_bindgen]
+pub struct Model {
+    scorer: Rc<RefCell<Scorer<Backend>>>,
+    info: Rc<RefCell<ModelInfo>>,
+}
+
+#[wasm_bindgen]
+impl Model {
+    /// A model from one GGUF file's bytes. `max_buffer_bytes`: the adapter's
+    /// `maxStorageBufferBindingSize`, which every weight tensor must fit.
+    #[wasm_bindgen(js_name = fromGguf)]
+    pub async fn from_gguf(name: String, bytes: Vec<u8>, max_buffer_bytes: f64) -> Result<Model, JsError> {
+        let opened = OpenedModel::from_gguf_bytes(&name, bytes).map_err(error)?;
+        Self::load(name, opened, max_buffer_bytes).await
+    }
+
+    /// A Hugging Face model from `config.json`, `model.safetensors` and, if it has one,
+    /// `tokenizer.json`.
+    #[wasm_bindgen(js_name = fromHuggingFace)]
+    pub async fn from_hugging_face(name: String, config: String, weights: Vec<u8>, tokenizer: Option<String>, max_buffer_bytes: f64) -> Result<Model, JsError> {
+        let opened = OpenedModel::from_hf_bytes(&config, weights, tokenizer).map_err(error)?;
+        Self::load(name, opened, max_buffer_bytes).await
+    }
+
+    async fn load(name: String, opened: OpenedModel, max_buffer_bytes: f64) -> Result<Model, JsError> {
+        let config = opened.config.clone();
+        let largest = largest_tensor_bytes(&config);
+        if largest as f64 > max_buffer_bytes {
+            let mib = |bytes: f64| bytes / f64::from(1 << 20);
+            return Err(JsError::new(&format!(
+                "{name} is too large for this WebGPU adapter: its largest weight takes {:.0} MiB as f32, and the adapter's buffers hold at most {:.0} MiB",
+                mib(largest as f64),
+                mib(max_buffer_bytes)
+            )));
+        }
+        let device = device().await;
+        let scorer = Scorer::<Backend>::from_opened(opened, name.clone(), &device, ScorerOptions::default(), &mut |_, _| {}).map_err(error)?;
+        let info = ModelInfo {
+            name,
+            family: format!("{:?}", config.family),
+            layers: config.num_hidden_layers,
+            hidden_size: config.hidden_size,
+            vocab_size: config.vocab_size,
+            max_positions: config.max_position_embeddings,
+            has_tokenizer: scorer.preparer().tokenizer().is_ok(),
+            kernels: true,
+        };
+        Ok(Model { scorer: Rc::new(RefCell::new(scorer)), info: Rc::new(RefCell::new(info)) })
+    }
+
+    /// `{name, family, layers, hidden_size, vocab_size, max_positions, has_tokenizer, kernels}`.
+    pub fn info(&self) -> Result<JsValue, JsError> {
+        Ok(serde_wasm_bindgen::to_value(&*self.info.borrow())?)
+    }
+
+    /// Run the hot paths with tally's kernels (`true`, the default) or plain Burn ops.
+    #[wasm_bindgen(js_name = setKernels)]
+    pub fn set_kernels(&self, kernels: bool) -> Result<(), JsError> {
+        let mut scorer = self.scorer.try_borrow_mut().map_err(|_| JsError::new("the model is busy scoring"))?;
+        scorer.set_hot_paths(if kernels { HotPaths::Backend } else { HotPaths::Plain });
+        self.info.borrow_mut().kernels = kernels;
+        Ok(())
+    }
+
+    /// Scores a `/v1/score` request object; resolves with the response object the server returns.
+    pub fn score(&self, request: JsValue) -> js_sys::Promise {
+        let scorer = Rc::clone(&self.scorer);
+        wasm_bindgen_futures::future_to_promise(async move {
+            let request: ScoreRequest = serde_wasm_bindgen::from_value(request).map_err(|e| JsError::new(&format!("invalid request: {e}")))?;
+            let mut scorer = scorer.try_borrow_mut().map_err(|_| JsError::new("the model is busy scoring: wait for the previous score"))?;
+            let response = scorer.score_async(&request).await.map_err(error)?;
+            Ok(serde_wasm_bindgen::to_value(&response)?)
+        })
+    }
+}
+
+/// The largest weight tensor on the device, in f32 bytes: the embedding (also the tied head), or
+/// a layer's fused projections.
+fn largest_tensor_bytes(c: &tally_model::ModelConfig) -> usize {
+    let qkv = c.hidden_size * (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim;
+    [c.vocab_size * c.hidden_size, c.hidden_size * 2 * c.intermediate_size, qkv].into_iter().max().unwrap_or(0) * 4
+}
+
+fn error(error: impl Into<EngineError>) -> JsError {
+    JsError::new(&error.into().to_string())
+}

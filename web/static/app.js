@@ -1,0 +1,115 @@
+// The demo page: loads a model with tally.load, scores with tally.score, draws one bar per item
+// and label, and optionally scores the same request on a serving tally for comparison.
+import * as tally from './tally.js';
+
+const $ = (id) => document.getElementById(id);
+const ms = (t) => `${t.toFixed(0)} ms`;
+
+function showError(error) {
+  $('error').textContent = error ? `Error: ${error.message ?? error}` : '';
+  document.body.dataset.state = error ? 'error' : document.body.dataset.state;
+}
+
+async function load(source) {
+  showError(null);
+  $('score').disabled = true;
+  const progress = $('progress');
+  progress.hidden = false;
+  progress.removeAttribute('value');
+  document.body.dataset.state = 'loading';
+  const start = performance.now();
+  try {
+    const info = await tally.load(source, {
+      kernels: $('kernels').checked,
+      onProgress: ({ received, total }) => { if (total) { progress.max = total; progress.value = received; } },
+    });
+    const seconds = (performance.now() - start) / 1000;
+    $('model-info').textContent = `${info.name}: ${info.family}, ${info.layers} layers, hidden ${info.hidden_size}, vocabulary ${info.vocab_size}` +
+      `${info.has_tokenizer ? '' : ' (no tokenizer: token ids only)'} — loaded in ${seconds.toFixed(1)} s on ${info.adapter}`;
+    document.body.dataset.state = 'loaded';
+    $('score').disabled = false;
+    return info;
+  } catch (error) {
+    showError(error);
+    throw error;
+  } finally {
+    progress.hidden = true;
+  }
+}
+
+function request() {
+  const ids = (text) => text.split(/[\s,]+/).filter(Boolean).map(Number);
+  const labels = ids($('labels').value);
+  if (labels.some((id) => !Number.isInteger(id))) throw new Error('label token ids must be integers, separated by commas');
+  return {
+    query: $('query').value,
+    items: $('items').value.split('\n').filter((line) => line.length > 0),
+    label_token_ids: labels,
+    apply_softmax: $('softmax').checked,
+  };
+}
+
+async function onServer(body) {
+  const url = `${$('server').value.replace(/\/+$/, '')}/v1/score`;
+  const start = performance.now();
+  const response = await fetch(url, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
+  const json = await response.json();
+  if (!response.ok) throw new Error(`server: ${json.message ?? response.status}`);
+  return { json, ms: performance.now() - start };
+}
+
+function draw(body, page, server) {
+  const bars = $('bars');
+  bars.replaceChildren();
+  body.items.forEach((item, i) => {
+    const block = document.createElement('div');
+    block.className = 'item';
+    block.append(Object.assign(document.createElement('strong'), { textContent: JSON.stringify(item) }));
+    body.label_token_ids.forEach((label, j) => {
+      for (const [who, scores] of [['page', page], ['server', server]]) {
+        if (!scores) continue;
+        const p = scores.scores[i][j];
+        const row = document.createElement('div');
+        row.className = 'bar';
+        row.innerHTML = `<span>label ${label}${who === 'server' ? ' (server)' : ''}</span><span class="track"><span class="fill ${who}"></span></span><span>${p.toFixed(4)}</span>`;
+        row.querySelector('.fill').style.width = `${(100 * p).toFixed(2)}%`;
+        block.append(row);
+      }
+    });
+    bars.append(block);
+  });
+}
+
+async function score() {
+  showError(null);
+  document.body.dataset.state = 'scoring';
+  try {
+    const body = request();
+    const start = performance.now();
+    const page = await tally.score(body);
+    const pageMs = performance.now() - start;
+    let server = null;
+    let timings = `page: ${ms(pageMs)}`;
+    if ($('compare').checked) {
+      const answer = await onServer(body);
+      server = answer.json;
+      timings += `, server: ${ms(answer.ms)}`;
+    }
+    $('timings').textContent = timings;
+    draw(body, page, server);
+    document.body.dataset.state = 'scored';
+    return page;
+  } catch (error) {
+    showError(error);
+    throw error;
+  }
+}
+
+$('load-url').addEventListener('click', () => load($('model-url').value).catch(() => {}));
+$('model-files').addEventListener('change', (e) => load(e.target.files).catch(() => {}));
+$('kernels').addEventListener('change', (e) => tally.setKernels(e.target.checked).catch(showError));
+$('score').addEventListener('click', () => score().catch(() => {}));
+
+// For tests and the console: the page's own steps.
+window.page = { load, score };
+if (new URLSearchParams(location.search).has('autoload')) load($('model-url').value).then(score).catch(() => {});
