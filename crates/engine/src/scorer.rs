@@ -2,13 +2,12 @@
 //! share forward passes.
 
 use std::borrow::Cow;
-use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
-use tally_model::{DecoderModel, HotPaths, ItemGroup, LabelTable, LoadError, ModelFiles, OpenedModel, QueryKv, ScoringBackend, PREFILL_CHUNK};
+use tally_model::{DecoderModel, HotPaths, ItemGroup, LabelTable, LoadError, OpenedModel, QueryKv, ScoringBackend, PREFILL_CHUNK};
 
 use crate::prefix_cache::PrefixLru;
 use crate::prepare::{RequestError, RequestPreparer};
@@ -48,14 +47,14 @@ impl<B: ScoringBackend> Scorer<B> {
     /// Loads a model (a Hugging Face directory or a GGUF file) and its tokenizer, if it has
     /// one (without, requests must send token ids).
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn load(path: &Path, device: &B::Device, options: ScorerOptions) -> Result<Self, EngineError> {
+    pub fn load(path: &std::path::Path, device: &B::Device, options: ScorerOptions) -> Result<Self, EngineError> {
         Self::load_with_progress(path, device, options, &mut |_, _| {})
     }
 
     /// [`Self::load`], calling `progress(done, total)` as the model's layers are read.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn load_with_progress(path: &Path, device: &B::Device, options: ScorerOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self, EngineError> {
-        let files = ModelFiles::locate(path)?;
+    pub fn load_with_progress(path: &std::path::Path, device: &B::Device, options: ScorerOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self, EngineError> {
+        let files = tally_model::ModelFiles::locate(path)?;
         Self::from_opened(files.open()?, files.name(), device, options, progress)
     }
 

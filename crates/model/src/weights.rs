@@ -3,7 +3,7 @@
 //! [`GgufCheckpoint`](crate::gguf::GgufCheckpoint) reads GGUF.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use safetensors::{tensor::Metadata, Dtype, SafeTensors};
 
@@ -54,7 +54,7 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// Opens `model.safetensors`, or the shards listed in `model.safetensors.index.json`.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn open(dir: &Path) -> Result<Self, WeightsError> {
+    pub fn open(dir: &std::path::Path) -> Result<Self, WeightsError> {
         let single = dir.join("model.safetensors");
         let index = dir.join("model.safetensors.index.json");
         let files = if single.is_file() {
@@ -119,7 +119,8 @@ impl TensorSource for Checkpoint {
     }
 }
 
-fn shard_files(index: &Path) -> Result<Vec<PathBuf>, WeightsError> {
+#[cfg(not(target_arch = "wasm32"))]
+fn shard_files(index: &std::path::Path) -> Result<Vec<PathBuf>, WeightsError> {
     let bad = |message: String| WeightsError::Index { path: index.to_owned(), message };
     let text = std::fs::read_to_string(index).map_err(|source| WeightsError::Io { path: index.to_owned(), source })?;
     let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
@@ -127,7 +128,7 @@ fn shard_files(index: &Path) -> Result<Vec<PathBuf>, WeightsError> {
     let mut files: Vec<&str> = weight_map.values().map(|file| file.as_str().ok_or_else(|| bad(format!("{file} is not a file name")))).collect::<Result<_, _>>()?;
     files.sort_unstable();
     files.dedup();
-    let dir = index.parent().unwrap_or(Path::new("."));
+    let dir = index.parent().unwrap_or(std::path::Path::new("."));
     Ok(files.into_iter().map(|file| dir.join(file)).collect())
 }
 

@@ -1,8 +1,6 @@
 //! A GGUF file as a tally checkpoint: the architecture from its metadata, its tensors under
 //! Hugging Face names (dequantised, Llama's q/k rows un-permuted), and its tokenizer vocabulary.
 
-use std::path::Path;
-
 use super::{GgufError, GgufFile};
 use crate::config::{Family, ModelConfig, RopeConfig, RopeScaling};
 use crate::weights::{TensorSource, WeightsError};
@@ -34,7 +32,7 @@ pub struct GgufVocabulary {
 
 impl GgufCheckpoint {
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn open(path: &Path) -> Result<Self, WeightsError> {
+    pub fn open(path: &std::path::Path) -> Result<Self, WeightsError> {
         Self::new(GgufFile::open(path)?)
     }
 
