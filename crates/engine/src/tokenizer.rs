@@ -21,7 +21,8 @@ pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
     /// The same tokenizer reading special-token strings as plain text: for user text inside a
     /// prompt template, so a document cannot close the template's turn with `<|im_end|>`.
-    literal: tokenizers::Tokenizer,
+    /// Built on first use: a copy of the whole vocabulary, which servers without rerank never need.
+    literal: std::sync::OnceLock<tokenizers::Tokenizer>,
     /// The special tokens a template may contain, longest first (so the longest match wins).
     special_tokens: Vec<(String, i64)>,
     /// What the tokenizer puts before every sequence (a BOS token for Llama 3, nothing for
@@ -79,12 +80,10 @@ impl TextTokenizer {
 
     fn new(inner: tokenizers::Tokenizer) -> Result<Self, TokenizerError> {
         let start = inner.encode("", true).map_err(|e| TokenizerError::Encode(e.to_string()))?;
-        let mut literal = inner.clone();
-        literal.set_encode_special_tokens(true);
         let mut special_tokens: Vec<(String, i64)> =
             inner.get_added_tokens_decoder().into_iter().filter(|(_, token)| token.special).map(|(id, token)| (token.content, i64::from(id))).collect();
         special_tokens.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
-        Ok(TextTokenizer { sequence_start: start.get_ids().iter().map(|&id| i64::from(id)).collect(), inner, literal, special_tokens })
+        Ok(TextTokenizer { sequence_start: start.get_ids().iter().map(|&id| i64::from(id)).collect(), inner, literal: Default::default(), special_tokens })
     }
 
     /// Token ids of `text` without special tokens: query and items are tokenized separately and
@@ -108,12 +107,20 @@ impl TextTokenizer {
             match segment {
                 Segment::Special(id) => ids.push(id),
                 Segment::Text(text) => {
-                    let encoding = self.literal.encode(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+                    let encoding = self.literal().encode(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
                     ids.extend(encoding.get_ids().iter().map(|&id| i64::from(id)));
                 }
             }
         }
         Ok(ids)
+    }
+
+    fn literal(&self) -> &tokenizers::Tokenizer {
+        self.literal.get_or_init(|| {
+            let mut literal = self.inner.clone();
+            literal.set_encode_special_tokens(true);
+            literal
+        })
     }
 
     fn segments(&self, parts: &[PromptPart]) -> Vec<Segment> {
