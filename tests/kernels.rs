@@ -126,3 +126,16 @@ fn label_logprobs_stream_the_vocabulary() {
     let got = host(Tensor::<Gpu, 2>::from_primitive(TensorPrimitive::Float(output)));
     assert_close(&got, &expected, 1e-4, "label log-probabilities");
 }
+
+#[test]
+fn the_plain_cascade_on_wgpu_matches_the_cpu() {
+    if !gpu::gpu_or_skip("the_plain_cascade_on_wgpu_matches_the_cpu") {
+        return;
+    }
+    // Items of different lengths, padded to the longest inside the cascade.
+    for case in [Case { groups: vec![(5, vec![1, 2, 3])], q_heads: 4, kv_heads: 2, head_dim: 16 }, Case { groups: vec![(50, vec![1, 2, 3, 4, 5, 6, 7, 8])], q_heads: 4, kv_heads: 2, head_dim: 16 }] {
+        let expected = case.expected(11);
+        assert_close(&case.plain_on::<Wgpu>(11), &expected, 1e-4, &format!("cube backend, {}", case.name()));
+        assert_close(&case.plain_on::<burn::backend::Wgpu>(11), &expected, 1e-4, &format!("fusion, {}", case.name()));
+    }
+}

@@ -43,13 +43,17 @@ impl WithBackend for AttentionBenchArgs {
         let layout = ItemLayout::new([(a.prefix, item_lens.as_slice())]);
 
         let multi_item = || B::multi_item_attention(queries.clone(), keys.clone(), values.clone(), &[&prefix], &layout);
+        let cascade = || tally_model::attention::multi_item_attention(queries.clone(), keys.clone(), values.clone(), &[&prefix], &layout);
         let mask = dense_mask::<B>(a.prefix, &layout, group, &device);
         let dense = || dense_masked_attention(queries.clone(), keys.clone(), values.clone(), &prefix, mask.clone());
 
         // Same answer first: a benchmark of a wrong kernel is worth nothing.
-        let difference = (multi_item() - dense()).abs().max().into_scalar().elem::<f32>();
-        ensure!(difference < 1e-2, "the two attentions disagree by {difference}");
+        for (name, output) in [("kernel", multi_item()), ("cascade", cascade())] {
+            let difference = (output - dense()).abs().max().into_scalar().elem::<f32>();
+            ensure!(difference < 1e-2, "the {name} route and dense attention disagree by {difference}");
+        }
         let multi_item_ms = median_ms(a.iterations, || multi_item().sum().into_scalar());
+        let cascade_ms = median_ms(a.iterations, || cascade().sum().into_scalar());
         let dense_ms = median_ms(a.iterations, || dense().sum().into_scalar());
 
         // Useful work: each row sees the prefix and its own item up to itself (QKᵀ and PV).
@@ -65,9 +69,11 @@ impl WithBackend for AttentionBenchArgs {
             "iterations": a.iterations,
             "multi_item_ms": multi_item_ms,
             "dense_masked_ms": dense_ms,
+            "cascade_ms": cascade_ms,
             "speedup": dense_ms / multi_item_ms,
             "useful_tflop": flop / 1e12,
             "multi_item_tflops": tflops(multi_item_ms),
+            "cascade_tflops": tflops(cascade_ms),
             "dense_masked_tflops_useful": tflops(dense_ms),
         }))
     }

@@ -35,13 +35,34 @@ pub enum DType {
     Bfloat16,
 }
 
-/// `--backend` and `--dtype`, shared by every command that runs the model.
+/// Which multi-item attention runs (`tally_model::AttentionRoute`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Attention {
+    /// tally's multi-item kernel on wgpu and CUDA (masked tiles never computed); the cascade on the CPU.
+    Kernel,
+    /// Prefix part as one batched matmul per KV head (tensor cores on CUDA), own-item part
+    /// padded, merged by log-sum-exp: plain Burn ops.
+    Cascade,
+}
+
+impl From<Attention> for tally_model::AttentionRoute {
+    fn from(attention: Attention) -> Self {
+        match attention {
+            Attention::Kernel => tally_model::AttentionRoute::Kernel,
+            Attention::Cascade => tally_model::AttentionRoute::Cascade,
+        }
+    }
+}
+
+/// `--backend`, `--dtype` and `--attention`, shared by every command that runs the model.
 #[derive(Args, Clone, Copy, Debug)]
 pub struct DeviceArgs {
     #[arg(long, value_enum, default_value_t = BackendKind::default())]
     pub backend: BackendKind,
     #[arg(long, value_enum, default_value_t = DType::Float32)]
     pub dtype: DType,
+    #[arg(long, value_enum, default_value_t = Attention::Kernel)]
+    pub attention: Attention,
 }
 
 /// Code generic over the backend, run with the backend the user picked.
@@ -51,7 +72,7 @@ pub trait WithBackend {
 }
 
 pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output> {
-    let DeviceArgs { backend, dtype } = device;
+    let DeviceArgs { backend, dtype, .. } = device;
     match (backend, dtype) {
         #[cfg(feature = "ndarray")]
         (BackendKind::Cpu, DType::Float32) => job.run::<burn::backend::NdArray<f32>>(Default::default()),

@@ -50,7 +50,7 @@ pub enum BenchCommand {
     Load(LoadArgs),
     /// The seed benchmark scenarios (S1, S2) through the engine: items/s, ms per item, seconds.
     Scenario(ScenarioArgs),
-    /// One layer's multi-item attention (tally's kernel) against dense-masked attention.
+    /// One layer's multi-item attention, every route (`--attention`), against dense-masked attention.
     Attention(AttentionBenchArgs),
     /// Starts `tally serve` and runs mixed valid and invalid load at a multiple of its capacity
     /// for minutes; reports requests lost, status counts and the RSS slope.

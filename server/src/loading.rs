@@ -7,7 +7,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tally_engine::{Scorer, ScorerOptions};
 use tally_model::ScoringBackend;
 
-pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, options: ScorerOptions) -> Result<Scorer<B>> {
+use crate::backend::Attention;
+
+pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, options: ScorerOptions, attention: Attention) -> Result<Scorer<B>> {
     let bar = ProgressBar::new(0).with_style(ProgressStyle::with_template("loading {msg} {bar:30} {pos}/{len} layers {elapsed}").expect("a valid template"));
     bar.set_message(model.file_name().map_or_else(String::new, |name| name.to_string_lossy().into_owned()));
     let mut progress = |done: usize, total: usize| {
@@ -16,5 +18,7 @@ pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, options:
     };
     let scorer = Scorer::<B>::load_with_progress(model, device, options, &mut progress).with_context(|| format!("cannot load model {}", model.display()));
     bar.finish_and_clear();
-    scorer
+    let mut scorer = scorer?;
+    scorer.set_attention_route(attention.into());
+    Ok(scorer)
 }

@@ -29,7 +29,7 @@ impl WithBackend for ScenarioArgs {
         };
         ensure!(self.requests > 0 && self.items > 0, "--requests and --items must be positive");
         let options = ScorerOptions { pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() }, prefix_cache_bytes: 1 << 30 };
-        let mut scorer = crate::loading::load_scorer::<B>(&self.model, &device, options)?;
+        let mut scorer = crate::loading::load_scorer::<B>(&self.model, &device, options, self.device.attention)?;
         let vocab = scorer.preparer().limits().vocab_size as u64;
         // "Yes" / "No" in the Qwen3 tokenizer when the vocabulary has them.
         let labels: Vec<i64> = if vocab > 9454 { vec![9454, 2753] } else { vec![0, 1] };
@@ -72,6 +72,7 @@ impl WithBackend for ScenarioArgs {
             "benchmark": "scenario",
             "scenario": format!("{:?}", self.scenario).to_lowercase(),
             "backend": format!("{:?}", self.device.backend).to_lowercase(),
+            "attention": format!("{:?}", self.device.attention).to_lowercase(),
             "dtype": format!("{:?}", self.device.dtype).to_lowercase(),
             "device": device_name,
             "model": self.model.file_name().map(|n| n.to_string_lossy().into_owned()),

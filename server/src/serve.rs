@@ -51,7 +51,7 @@ impl WithBackend for ServeArgs {
             pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() },
             prefix_cache_bytes: self.prefix_cache_mib << 20,
         };
-        let scorer = crate::loading::load_scorer::<B>(&dir, &device, options)?.with_model_name(name);
+        let scorer = crate::loading::load_scorer::<B>(&dir, &device, options, self.device.attention)?.with_model_name(name);
         let preparer = scorer.preparer().clone();
         let rerank = Reranker::new(self.rerank.template(), &preparer).map(Arc::new).map_err(|reason| {
             tracing::warn!("/v1/rerank is disabled: {reason}");

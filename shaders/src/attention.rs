@@ -13,7 +13,7 @@ use burn_backend::{DType, Shape, TensorMetadata};
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 
@@ -53,7 +53,8 @@ impl<R: CubeRuntime> MultiItemAttention<R> {
     /// `[tokens, q_heads, head_dim]`, in the queries' dtype.
     pub fn run(self) -> CubeTensor<R> {
         let queries = &self.queries;
-        let output = empty_device_dtype(queries.client.clone(), queries.device.clone(), queries.shape(), queries.dtype);
+        // Contiguous, not the runtime's choice: CUDA pads rows of new tensors to an alignment.
+        let output = empty_device_contiguous_dtype(queries.client.clone(), queries.device.clone(), queries.shape(), queries.dtype);
         self.run_into(&output);
         output
     }

@@ -6,7 +6,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::{empty_device_dtype, full_device_dtype};
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use burn_backend::{DType, Shape, TensorMetadata};
@@ -36,7 +36,12 @@ impl<R: CubeRuntime> StreamedLabelLogprobs<R> {
         let labels = into_contiguous(labels);
         let [rows, width] = labels.shape().dims::<2>();
         let (client, device) = (labels.client.clone(), labels.device.clone());
-        let fill = |shape: Shape, value: f32| full_device_dtype(client.clone(), shape, device.clone(), InputScalar::new(value, DType::F32), DType::F32);
+        // Contiguous, as the kernels index them: CUDA pads rows of new tensors to an alignment.
+        let fill = |shape: Shape, value: f32| {
+            // At least one element: a buffer cannot be empty.
+            let bytes: Vec<u8> = std::iter::repeat_n(value.to_le_bytes(), shape.num_elements().max(1)).flatten().collect();
+            CubeTensor::new_contiguous(client.clone(), device.clone(), shape, client.create_from_slice(&bytes), DType::F32)
+        };
         let running_max = fill(Shape::new([rows]), NO_LOGIT);
         let running_sum = fill(Shape::new([rows]), 0.0);
         let label_logits = fill(Shape::new([rows, width]), NO_LOGIT);
@@ -71,7 +76,7 @@ impl<R: CubeRuntime> StreamedLabelLogprobs<R> {
     /// `[rows, width]` log-probabilities in `dtype`: label logit minus the row's log-sum-exp.
     pub fn finish(self, dtype: DType) -> CubeTensor<R> {
         let shape = self.label_logits.shape().clone();
-        let output = empty_device_dtype(self.labels.client.clone(), self.labels.device.clone(), shape, dtype);
+        let output = empty_device_contiguous_dtype(self.labels.client.clone(), self.labels.device.clone(), shape, dtype);
         self.finish_into(&output);
         output
     }

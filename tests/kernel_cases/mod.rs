@@ -139,3 +139,20 @@ impl Case {
     }
 }
 
+
+impl Case {
+    /// The plain Burn path (the cascade) on backend `B`, for comparison with [`Case::expected`].
+    pub fn plain_on<B: Backend>(&self, seed: u64) -> Vec<f32> {
+        let (queries, keys, values, prefixes) = self.inputs(seed);
+        let layout = self.layout();
+        let (t, q, kv, d) = (layout.tokens(), self.q_heads, self.kv_heads, self.head_dim);
+        let prefixes: Vec<PrefixKv<B>> = self
+            .groups
+            .iter()
+            .zip(&prefixes)
+            .map(|((len, _), (k, v))| PrefixKv { keys: tensor(k, [kv, *len, d]), values: tensor(v, [kv, *len, d]) })
+            .collect();
+        let prefixes: Vec<&PrefixKv<B>> = prefixes.iter().collect();
+        host(multi_item_attention(tensor::<B, 3>(&queries, [t, q, d]), tensor(&keys, [t, kv, d]), tensor(&values, [t, kv, d]), &prefixes, &layout))
+    }
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
-use tally_model::{DecoderModel, HotPaths, ItemGroup, LabelTable, LoadError, OpenedModel, QueryKv, ScoringBackend, PREFILL_CHUNK};
+use tally_model::{AttentionRoute, DecoderModel, HotPaths, ItemGroup, LabelTable, LoadError, OpenedModel, QueryKv, ScoringBackend, PREFILL_CHUNK};
 
 use crate::prefix_cache::PrefixLru;
 use crate::prepare::{RequestError, RequestPreparer};
@@ -82,6 +82,11 @@ impl<B: ScoringBackend> Scorer<B> {
     /// Kernels or plain Burn ops for the hot paths (see [`HotPaths`]).
     pub fn set_hot_paths(&mut self, hot_paths: HotPaths) {
         self.model.set_hot_paths(hot_paths);
+    }
+
+    /// Which multi-item attention runs (see [`AttentionRoute`]).
+    pub fn set_attention_route(&mut self, route: AttentionRoute) {
+        self.model.set_attention_route(route);
     }
 
     /// Tokenization and validation for this model, shareable with other threads.

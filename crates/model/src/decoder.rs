@@ -24,6 +24,7 @@ pub struct DecoderModel<B: Backend> {
     lm_head: Option<Tensor<B, 2>>,
     /// Whether the hot paths run the backend's own kernels or plain Burn ops.
     hot_paths: HotPaths,
+    attention_route: AttentionRoute,
 }
 
 /// How the two hot paths (multi-item attention, the full-vocabulary label log-probabilities) run.
@@ -35,6 +36,19 @@ pub enum HotPaths {
     /// Plain Burn ops on any backend: the reference, and the fallback where a kernel cannot run
     /// (a browser whose WebGPU gets them wrong).
     Plain,
+}
+
+/// How multi-item attention runs when the hot paths are the backend's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionRoute {
+    /// The backend's kernel: on CubeCL backends tally's multi-item kernel (one query row per
+    /// unit, tiles of other items never computed); elsewhere the cascade.
+    #[default]
+    Kernel,
+    /// The cascade in plain Burn ops: the prefix part as one batched matmul per KV head (tensor
+    /// cores where the backend's matmul uses them), each item's own part padded and causal, the
+    /// two merged by their log-sum-exps.
+    Cascade,
 }
 
 struct DecoderLayer<B: Backend> {
@@ -126,6 +140,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
             lm_head,
             config,
             hot_paths: HotPaths::default(),
+            attention_route: AttentionRoute::default(),
         };
         progress(total, total);
         Ok(model)
@@ -141,6 +156,10 @@ impl<B: ScoringBackend> DecoderModel<B> {
 
     pub fn set_hot_paths(&mut self, hot_paths: HotPaths) {
         self.hot_paths = hot_paths;
+    }
+
+    pub fn set_attention_route(&mut self, route: AttentionRoute) {
+        self.attention_route = route;
     }
 
     pub fn device(&self) -> B::Device {
@@ -236,9 +255,9 @@ impl<B: ScoringBackend> DecoderModel<B> {
                 kept.push(PrefixKv { keys: k.clone().swap_dims(0, 1), values: v.clone().swap_dims(0, 1) });
             }
             let layer_prefixes: Vec<&PrefixKv<B>> = queries.iter().map(|query| &query.layers[index]).collect();
-            let attended = match self.hot_paths {
-                HotPaths::Backend => B::multi_item_attention(q, k, v, &layer_prefixes, layout),
-                HotPaths::Plain => attention::multi_item_attention(q, k, v, &layer_prefixes, layout),
+            let attended = match (self.hot_paths, self.attention_route) {
+                (HotPaths::Backend, AttentionRoute::Kernel) => B::multi_item_attention(q, k, v, &layer_prefixes, layout),
+                _ => attention::multi_item_attention(q, k, v, &layer_prefixes, layout),
             };
             x = x + attended.reshape([count, q_width]).matmul(layer.o_proj.clone());
 

@@ -34,7 +34,7 @@ pub mod weights;
 
 pub use backend::ScoringBackend;
 pub use config::{Family, ModelConfig};
-pub use decoder::{DecoderModel, HotPaths};
+pub use decoder::{AttentionRoute, DecoderModel, HotPaths};
 pub use layout::ItemLayout;
 pub use lm_head::LabelTable;
 pub use query_kv::{ItemGroup, QueryKv, PREFILL_CHUNK};

@@ -18,7 +18,8 @@ pub struct QueryKv<B: Backend> {
 impl<B: Backend> QueryKv<B> {
     /// No query at all: items then attend only to themselves (used for `item_first`).
     pub(crate) fn empty(layers: usize, kv_heads: usize, head_dim: usize, device: &B::Device) -> Self {
-        let empty = Tensor::<B, 3>::zeros([kv_heads, 0, head_dim], device);
+        // `empty`, not `zeros`: a fill of zero elements is a zero-block launch, which CUDA rejects.
+        let empty = Tensor::<B, 3>::empty([kv_heads, 0, head_dim], device);
         QueryKv { layers: vec![PrefixKv { keys: empty.clone(), values: empty }; layers], len: 0 }
     }
 

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds what the GPU suite carries to the GPU machine (which has no cargo registry and no
+# Vulkan loader): the CUDA and the default (CPU + wgpu) `tally`, stripped and xz-packed into
+# .gpu/, and the Vulkan/GL loader packages into .gl/. Both folders are git-ignored; name them in
+# the device run's `carry`. Then, there: `benches/gpu/suite.sh`.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tally-target}"
+mkdir -p .gpu .gl
+for build in "cuda --no-default-features --features cuda" "wgpu"; do
+    set -- $build
+    name=$1; shift
+    cargo build --release --locked -p tally "$@"
+    strip -o ".gpu/tally-$name" "$CARGO_TARGET_DIR/release/tally"
+    xz -T0 -6 -f ".gpu/tally-$name"
+done
+if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
+    apt_amd64="-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64"
+    mkdir -p /tmp/amd64/partial
+    apt-get $apt_amd64 update -q
+    (cd .gl && apt-get $apt_amd64 download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+fi
+ls -la .gpu .gl

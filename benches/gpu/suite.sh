@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# The GPU suite: one command on the GPU machine proves correctness and measures speed.
+#
+#   benches/gpu/prepare.sh             # here: builds the binaries into .gpu/, Vulkan loaders into .gl/
+#   benches/gpu/suite.sh               # there (device run, carry .gpu and .gl): results into $OUT
+#   TALLY_SUITE_DRY_RUN=1 benches/gpu/suite.sh   # here, on the CPU with the tiny preset
+#
+# Stages (TALLY_SUITE_STAGES, default all; the headline numbers first): env scenario peers attention
+# fixtures load wgpu. TALLY_SUITE_DTYPES, TALLY_SUITE_CASES and TALLY_SUITE_PEER_SCENARIOS narrow them.
+# A stage that fails is recorded and the suite goes on; the exit status counts the failures.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+# Results gather in $results; after every stage they are packed into $OUT/suite-results.tgz
+# (the device tool returns at most 8 files, so one archive; a stage cut off still leaves the rest).
+OUT=${OUT:-$repo/target/gpu-suite}
+out=/tmp/tally-suite/results
+rm -rf "$out" && mkdir -p "$OUT" "$out"
+stages=${TALLY_SUITE_STAGES:-env scenario peers attention fixtures load wgpu}
+dry=${TALLY_SUITE_DRY_RUN:-0}
+bin=/tmp/tally-suite
+mkdir -p $bin
+
+if [ "$dry" = 1 ]; then
+    # The CPU rehearsal: the same stages and commands, the tiny preset, the CPU backend.
+    cuda=${TALLY_BIN:-${CARGO_TARGET_DIR:-$repo/target}/release/tally}; wgpu=$cuda
+    gpu=cpu; gpu_dtypes="float32"; preset=tiny; items=50; requests=3; iterations=2
+    load_dtype=float32; load_levels="2 4"; load_seconds=4; python=${TALLY_SUITE_PYTHON:-python3}
+else
+    for b in cuda wgpu; do xz -dc .gpu/tally-$b.xz >$bin/tally-$b && chmod +x $bin/tally-$b; done
+    cuda=$bin/tally-cuda; wgpu=$bin/tally-wgpu
+    gpu=cuda; gpu_dtypes=${TALLY_SUITE_DTYPES:-float32 bfloat16}; preset=qwen3-0.6b; items=500; requests=6; iterations=10
+    load_dtype=bfloat16; load_levels="100 300 1000 2000"; load_seconds=15; python=python3
+    # Compiled kernels (PTX) cached on disk: every process after the first skips NVRTC.
+    printf '[compilation]\ncache = "target"\n' >cubecl.toml
+    # cudarc dlopens libcuda and libnvrtc by name: point the loader at wherever this machine has them.
+    for lib in libcuda.so libnvrtc.so.13; do
+        dir=$(dirname "$(find / -xdev \( -name "$lib" -o -name "$lib.*" \) -not -path '*/proc/*' 2>/dev/null | head -1)" 2>/dev/null)
+        [ -n "$dir" ] && [ "$dir" != . ] && export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    done
+    # wgpu needs a Vulkan loader, which the machine lacks: unpack the carried one.
+    if [ -d .gl ]; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
+    export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
+fi
+
+failures=0
+stage() { # stage NAME COMMAND...: runs one stage, logs it, records its status and time
+    local name=$1; shift
+    case " $stages " in *" $name "*) ;; *) return 0 ;; esac
+    echo "=== $name"
+    local start=$SECONDS
+    if "$@" 2>&1 | tee -a "$out/suite.log"; then status=ok; else status=failed; failures=$((failures + 1)); fi
+    echo "=== $name: $status in $((SECONDS - start)) s" | tee -a "$out/suite.log"
+    echo "{\"stage\":\"$name\",\"status\":\"$status\",\"seconds\":$((SECONDS - start))}" >>"$out/stages.jsonl"
+    tar czf "$OUT/suite-results.tgz" -C "$out" .
+}
+
+env_stage() {
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null || true
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())' 2>/dev/null || true
+    "$cuda" --version
+}
+
+fixtures_stage() {
+    local ok=0
+    for dtype in $gpu_dtypes; do
+        tol="--tolerance 1e-3"; [ "$dtype" = bfloat16 ] && tol="--tolerance 3e-2 --packed-tolerance 3e-2"
+        for attention in kernel cascade; do
+            # Correctness needs no tuned matmuls: minimal autotuning (seen on the H100: ~40 s a
+            # case with the default level, every new shape tuned and compiled).
+            CUBECL_AUTOTUNE_LEVEL=minimal python3 benches/gpu/check_fixtures.py "$cuda" --backend $gpu --dtype $dtype --attention $attention $tol \
+                --cases "${TALLY_SUITE_CASES:-}" --out "$out/fixtures-$gpu-$dtype-$attention.json" || ok=1
+        done
+    done
+    return $ok
+}
+
+attention_stage() {
+    local ok=0
+    for dtype in $gpu_dtypes; do
+        "$cuda" bench attention --backend $gpu --dtype $dtype --items $items --iterations $iterations --out "$out/attention-$gpu-$dtype.json" || ok=1
+    done
+    return $ok
+}
+
+model=/tmp/tally-suite/model-$preset
+make_model() { [ -f $model/config.json ] || "$cuda" make-model --preset $preset --out $model >/dev/null; }
+
+scenario_stage() {
+    make_model || return 1
+    local ok=0
+    for dtype in $gpu_dtypes; do
+        for s in s1 s2; do
+            for attention in kernel cascade; do
+                "$cuda" bench scenario --model $model --scenario $s --items $items --requests $requests --backend $gpu --dtype $dtype \
+                    --attention $attention --out "$out/scenario-$s-$gpu-$dtype-$attention.json" || ok=1
+            done
+        done
+    done
+    return $ok
+}
+
+# The same GPU through wgpu (Vulkan): correctness, one layer's attention, and S1 in float32
+# against CUDA float32 from the stages above.
+wgpu_stage() {
+    local ok=0 backend=wgpu
+    [ "$dry" = 1 ] && backend=cpu
+    python3 benches/gpu/check_fixtures.py "$wgpu" --backend $backend --out "$out/fixtures-$backend-wgpu-build.json" || ok=1
+    "$wgpu" bench attention --backend $backend --items $items --iterations $iterations --out "$out/attention-wgpu-float32.json" || ok=1
+    make_model || return 1
+    "$wgpu" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $backend --out "$out/scenario-s1-wgpu-float32.json" || ok=1
+    return $ok
+}
+
+# HF transformers on the same device and model: three ways to score, each checked against the
+# float64 fixtures before it is timed.
+peers_stage() {
+    make_model || return 1
+    local ok=0
+    for s in ${TALLY_SUITE_PEER_SCENARIOS:-s1 s2}; do
+        PYTHONUNBUFFERED=1 $python benches/pytorch_peers.py --model $model --device $gpu --dtype ${gpu_dtypes##* } --scenario $s --items $items --out "$out/peers-$s-$gpu.json" || ok=1
+    done
+    return $ok
+}
+
+# SGLang PR 9748's load shape: 300-token queries, 10 items of 20 tokens, Poisson arrivals, at
+# rising rates; the items/s that keep P99 under 500 ms is the number.
+load_stage() {
+    make_model || return 1
+    local port=18123 ok=0
+    "$cuda" serve --model $model --backend $gpu --dtype $load_dtype --port $port --max-queue 100000 >"$out/serve.log" 2>&1 &
+    local server=$!
+    for _ in $(seq 600); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
+    for qps in $load_levels; do
+        "$cuda" bench load --url http://127.0.0.1:$port --qps $qps --duration $load_seconds --prompt-tokens 300 --items-per-request 10 --item-tokens 20 --out "$out/load-qps$qps.json" || ok=1
+    done
+    kill -TERM $server; wait $server || ok=1
+    return $ok
+}
+
+stage env env_stage
+stage scenario scenario_stage
+stage peers peers_stage
+stage attention attention_stage
+stage fixtures fixtures_stage
+stage load load_stage
+stage wgpu wgpu_stage
+echo "suite: $failures stage(s) failed; results in $OUT/suite-results.tgz"
+exit $failures
