@@ -90,20 +90,8 @@ impl Case {
 
     /// The plain Burn path on the CPU: the reference.
     pub fn expected(&self, seed: u64) -> Vec<f32> {
-        let (queries, keys, values, prefixes) = self.inputs(seed);
-        let layout = self.layout();
-        let (t, q, kv, d) = (layout.tokens(), self.q_heads, self.kv_heads, self.head_dim);
-        let prefixes: Vec<PrefixKv<Reference>> = self
-            .groups
-            .iter()
-            .zip(&prefixes)
-            .map(|((len, _), (k, v))| PrefixKv { keys: tensor(k, [kv, *len, d]), values: tensor(v, [kv, *len, d]) })
-            .collect();
-        let prefixes: Vec<&PrefixKv<Reference>> = prefixes.iter().collect();
-        let output = multi_item_attention(tensor(&queries, [t, q, d]), tensor(&keys, [t, kv, d]), tensor(&values, [t, kv, d]), &prefixes, &layout);
-        host(output)
+        self.plain_on::<Reference>(seed)
     }
-
     /// The kernel in float type `F`, called directly with a poisoned output.
     pub fn kernel<F: FloatElement>(&self, seed: u64) -> Vec<f32> {
         let (queries, keys, values, prefixes) = self.inputs(seed);
@@ -141,7 +129,7 @@ impl Case {
 
 
 impl Case {
-    /// The plain Burn path (the cascade) on backend `B`, for comparison with [`Case::expected`].
+    /// The plain Burn path (the cascade) on backend `B`.
     pub fn plain_on<B: Backend>(&self, seed: u64) -> Vec<f32> {
         let (queries, keys, values, prefixes) = self.inputs(seed);
         let layout = self.layout();
