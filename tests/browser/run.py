@@ -18,6 +18,7 @@ import http.server
 import json
 import os
 import pathlib
+import select
 import subprocess
 import sys
 import tempfile
@@ -44,7 +45,7 @@ class DevTools:
     def __init__(self, chromium):
         to_browser_r, self.to_browser = os.pipe()
         self.from_browser, from_browser_w = os.pipe()
-        self.profile = tempfile.TemporaryDirectory()
+        self.profile = tempfile.TemporaryDirectory(ignore_cleanup_errors=True)
         args = [chromium, *FLAGS, f"--user-data-dir={self.profile.name}", "about:blank"]
 
         def fds():
@@ -66,16 +67,33 @@ class DevTools:
         os.write(self.to_browser, json.dumps(message).encode() + b"\0")
         deadline = time.time() + timeout
         while time.time() < deadline:
-            reply = self.receive()
+            reply = self.receive(deadline)
+            if reply is None:
+                break
             if reply.get("id") == self.next_id:
                 if "error" in reply:
                     raise RuntimeError(f"{method}: {reply['error']}")
                 return reply["result"]
             self.events.append(reply)
+            self.echo_problem(reply)
         raise TimeoutError(f"{method}: no answer in {timeout} s")
 
-    def receive(self):
+    @staticmethod
+    def echo_problem(event):
+        """Prints the page's errors and warnings as they happen: a hang then shows its cause."""
+        params = event.get("params", {})
+        if event.get("method") == "Runtime.consoleAPICalled" and params.get("type") in ("error", "warning"):
+            text = " ".join(str(a.get("value", a.get("description", ""))) for a in params["args"])
+            print(f"  page {params['type']}: {text[:2000]}", file=sys.stderr, flush=True)
+        elif event.get("method") == "Runtime.exceptionThrown":
+            details = params.get("exceptionDetails", {})
+            print(f"  page exception: {details.get('exception', {}).get('description') or details.get('text')}", file=sys.stderr, flush=True)
+
+    def receive(self, deadline):
+        """The next message, or None if none came before the deadline."""
         while b"\0" not in self.buffer:
+            if not select.select([self.from_browser], [], [], max(0.0, deadline - time.time()))[0]:
+                return None
             chunk = os.read(self.from_browser, 1 << 20)
             if not chunk:
                 raise RuntimeError("Chromium closed the DevTools pipe")

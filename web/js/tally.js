@@ -1,7 +1,7 @@
 // tally in the browser: `await tally.load(source)` then `await tally.score(request)`, where the
 // request and the response are those of the server's /v1/score. An ES module; it also sets
 // `window.tally` for pages that do not use modules.
-import init, { Model } from './pkg/tally_web.js';
+import init, { Model, logGpuWork } from './pkg/tally_web.js';
 
 let wasmReady = null;
 let model = null;
@@ -79,11 +79,15 @@ async function modelFiles(source, onProgress) {
   };
 }
 
-/** Loads a model (replacing the last one); resolves with its info. */
-export async function load(source, { onProgress, kernels = true } = {}) {
+/**
+ * Loads a model (replacing the last one); resolves with its info. `logGpu: true` on the first
+ * load logs every kernel compiled and every autotune decision to the console.
+ */
+export async function load(source, { onProgress, kernels = true, logGpu = false } = {}) {
   const adapter = await webgpuAdapter();
   wasmReady ??= init();
   await wasmReady;
+  if (logGpu) logGpuWork();
   const files = await modelFiles(source, onProgress);
   return serialized(async () => {
     const loaded = files.gguf

@@ -7,18 +7,23 @@
 //! Burn ops instead of tally's kernels, should an adapter get the kernels wrong.
 #![cfg(target_arch = "wasm32")]
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use burn::backend::wgpu::{graphics::WebGpu, init_setup_async, MemoryConfiguration, RuntimeOptions, WgpuDevice};
-use burn::backend::Wgpu;
+use burn::backend::wgpu::{graphics::WebGpu, init_setup_async, MemoryConfiguration, RuntimeOptions, WgpuDevice, WgpuRuntime};
+use burn_cubecl::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+use burn_cubecl::CubeBackend;
 use serde::Serialize;
 use tally_core::ScoreRequest;
 use tally_engine::{EngineError, Scorer, ScorerOptions};
 use tally_model::{HotPaths, OpenedModel};
 use wasm_bindgen::prelude::*;
 
-type Backend = Wgpu<f32>;
+/// Burn's CubeCL backend on WebGPU, without its fusion layer: fused matmul autotuning on
+/// WebGPU (burn 0.21) launches a candidate larger than SwiftShader's 256 invocations per
+/// workgroup, which poisons the device for every later kernel, and fusion also computes the
+/// plain attention wrong with one KV head. Unfused, every op tunes and runs correctly.
+type Backend = CubeBackend<WgpuRuntime, f32, i32, u32>;
 
 #[wasm_bindgen(start)]
 fn start() {
@@ -27,17 +32,38 @@ fn start() {
     let _ = console_log::init_with_level(log::Level::Warn);
 }
 
+thread_local! {
+    static LOG_GPU_WORK: Cell<bool> = const { Cell::new(false) };
+    static DEVICE_READY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Logs every kernel CubeCL compiles and every autotune decision to the console, for chasing a
+/// GPU problem on one machine. Takes effect if called before the first model loads: CubeCL
+/// reads its configuration once.
+#[wasm_bindgen(js_name = logGpuWork)]
+pub fn log_gpu_work() {
+    LOG_GPU_WORK.set(true);
+    log::set_max_level(log::LevelFilter::Info);
+}
+
 /// Sets up WebGPU once per page. Exclusive memory pages, as heavy Burn-on-web apps use: WebGPU
-/// buffers cannot be sliced as freely as native ones.
-async fn device() -> WgpuDevice {
-    thread_local!(static READY: RefCell<bool> = const { RefCell::new(false) });
+/// buffers cannot be sliced as freely as native ones. Autotuning at its minimal level (coarser
+/// shape buckets): every new bucket benchmarks each candidate kernel, seconds on a software
+/// adapter.
+async fn device() -> Result<WgpuDevice, JsError> {
     let device = WgpuDevice::default();
-    if !READY.with(|ready| *ready.borrow()) {
+    if !DEVICE_READY.get() {
+        let mut config = serde_json::json!({ "autotune": { "level": "minimal" } });
+        if LOG_GPU_WORK.get() {
+            config["compilation"] = serde_json::json!({ "logger": { "level": "basic", "log": "info" } });
+            config["autotune"]["logger"] = serde_json::json!({ "level": "full", "log": "info" });
+        }
+        CubeClRuntimeConfig::set(serde_json::from_value(config)?);
         let options = RuntimeOptions { memory_config: MemoryConfiguration::ExclusivePages, ..Default::default() };
         init_setup_async::<WebGpu>(&device, options).await;
-        READY.with(|ready| *ready.borrow_mut() = true);
+        DEVICE_READY.set(true);
     }
-    device
+    Ok(device)
 }
 
 /// What the page shows about a loaded model.
@@ -89,7 +115,7 @@ impl Model {
                 mib(max_buffer_bytes)
             )));
         }
-        let device = device().await;
+        let device = device().await?;
         let scorer = Scorer::<Backend>::from_opened(opened, name.clone(), &device, ScorerOptions::default(), &mut |_, _| {}).map_err(error)?;
         let info = ModelInfo {
             name,

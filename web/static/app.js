@@ -21,6 +21,7 @@ async function load(source) {
   try {
     const info = await tally.load(source, {
       kernels: $('kernels').checked,
+      logGpu: new URLSearchParams(location.search).has('log-gpu'),
       onProgress: ({ received, total }) => { if (total) { progress.max = total; progress.value = received; } },
     });
     const seconds = (performance.now() - start) / 1000;

@@ -1,0 +1,68 @@
+//! Every fixture model's whole forward pass on the CubeCL backends — Burn's fusion stream (what
+//! `--backend wgpu` runs) and the unfused backend (what the browser runs) — against the CPU
+//! backend, with tally's kernels and with the plain path. Kernel tests check each kernel alone;
+//! this catches what only a whole model exercises (views of fused projections, RoPE, biases).
+//!
+//! Like the kernel tests, it runs on wgpu's default adapter (lavapipe in CI).
+
+#[path = "common/gpu.rs"]
+mod gpu;
+
+use std::path::Path;
+
+use burn::backend::wgpu::WgpuRuntime;
+use burn::backend::NdArray;
+use burn_cubecl::CubeBackend;
+use tally_model::{DecoderModel, HotPaths, ItemGroup, LabelTable, ModelFiles, ScoringBackend};
+
+/// Label log-probabilities of three items after one query, `[items][labels]`.
+fn label_logprobs<B: ScoringBackend>(model_dir: &Path, hot_paths: HotPaths) -> Vec<f32> {
+    let opened = ModelFiles::locate(model_dir).and_then(|files| files.open()).expect("fixture model opens");
+    let device = B::Device::default();
+    let mut model = DecoderModel::<B>::load(opened.config.clone(), opened.weights.as_ref(), &device, &mut |_, _| {}).expect("fixture model loads");
+    model.set_hot_paths(hot_paths);
+    let vocab = opened.config.vocab_size as u32;
+    let token = |i: u32| (i * 37 + 11) % vocab;
+    let query: Vec<u32> = (0..23).map(token).collect();
+    let items: Vec<Vec<u32>> = [1, 6, 19].iter().map(|&len| (100..100 + len).map(token).collect()).collect();
+    let prefix = model.prefill(&query);
+    let group = ItemGroup { query: &prefix, items: items.iter().map(Vec::as_slice).collect() };
+    let hidden = model.last_hidden(&[group]);
+    let labels = LabelTable::new(&[&[0, 1, vocab - 1], &[2, 3, 4], &[5, vocab / 2, 6]]);
+    model.label_logprobs(hidden, &labels).into_data().to_vec().expect("f32 log-probabilities")
+}
+
+fn assert_close(got: &[f32], expected: &[f32], what: &str) {
+    assert_eq!(got.len(), expected.len(), "{what}: length");
+    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        assert!((g - e).abs() <= 1e-3 * e.abs().max(1.0), "{what}: element {i} is {g}, the CPU says {e}\n got {got:?}\n cpu {expected:?}");
+    }
+}
+
+fn check<B: ScoringBackend>(backend: &str) {
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models");
+    let mut dirs: Vec<_> = std::fs::read_dir(&models).unwrap().map(|e| e.unwrap().path()).collect();
+    dirs.sort();
+    assert!(dirs.len() >= 6, "fixture models are missing");
+    for dir in dirs {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let expected = label_logprobs::<NdArray<f32>>(&dir, HotPaths::Plain);
+        for hot_paths in [HotPaths::Backend, HotPaths::Plain] {
+            assert_close(&label_logprobs::<B>(&dir, hot_paths), &expected, &format!("{name} on {backend}, {hot_paths:?}"));
+        }
+    }
+}
+
+#[test]
+fn every_fixture_model_on_the_unfused_cube_backend_matches_the_cpu() {
+    if gpu::gpu_or_skip("every_fixture_model_on_the_unfused_cube_backend_matches_the_cpu") {
+        check::<CubeBackend<WgpuRuntime, f32, i32, u32>>("wgpu, unfused");
+    }
+}
+
+#[test]
+fn every_fixture_model_through_fusion_matches_the_cpu() {
+    if gpu::gpu_or_skip("every_fixture_model_through_fusion_matches_the_cpu") {
+        check::<burn::backend::Wgpu>("wgpu, fusion");
+    }
+}
