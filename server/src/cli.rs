@@ -244,6 +244,10 @@ pub struct ServeArgs {
     /// Let browser pages on this origin call the API (repeat for several; `*` for any).
     #[arg(long)]
     pub cors_allow_origin: Vec<String>,
+    /// Also serve the browser page from this directory (what web/build.sh writes: web/dist) at
+    /// /web/, next to the API; it scores on the visitor's WebGPU and can compare with this server.
+    #[arg(long, value_name = "DIR")]
+    pub web: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub rerank: RerankArgs,
 }

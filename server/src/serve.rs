@@ -29,6 +29,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let device = args.device;
+    let web = args.web.clone();
+    if let Some(dir) = &web {
+        anyhow::ensure!(dir.join("index.html").is_file(), "--web {}: no index.html there (build the page with web/build.sh; it writes web/dist)", dir.display());
+    }
     let limits = ConnectionLimits {
         max_connections: args.max_connections,
         header_timeout: Duration::from_secs_f64(args.header_timeout_secs),
@@ -37,7 +41,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let (state, listen, cors) = dispatch(device, args)?;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    runtime.block_on(serve(state, listen, cors, limits))
+    runtime.block_on(serve(state, listen, cors, web, limits))
 }
 
 /// Loads the model on the chosen backend and starts its scheduler; the rest is backend-free.
@@ -87,11 +91,14 @@ pub struct ConnectionLimits {
     pub drain_timeout: Duration,
 }
 
-async fn serve(state: AppState, listen: String, cors: Vec<String>, limits: ConnectionLimits) -> Result<()> {
+async fn serve(state: AppState, listen: String, cors: Vec<String>, web: Option<std::path::PathBuf>, limits: ConnectionLimits) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
+    if web.is_some() {
+        tracing::info!("the browser page: http://{}/web/index.html", listener.local_addr()?);
+    }
     let state = Arc::new(state);
-    let app = http::router(Arc::clone(&state), &cors);
+    let app = http::router(Arc::clone(&state), &cors, web.as_deref());
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_header_size(limits.max_header_bytes);
     let graceful = GracefulShutdown::new();

@@ -1,28 +1,29 @@
 #!/usr/bin/env python3
 """The browser page, end to end, in headless Chromium on its software WebGPU (SwiftShader).
 
-Serves web/dist on loopback, opens the page, and over the DevTools protocol (a pipe, stdlib
-only) calls `tally.load` on the fixture models and `tally.score` on the float64 fixture cases,
-with tally's kernels and with the plain path: every probability within 1e-3 relative (plus a
-1e-9 floor) of the reference. Then checks bad input gets clear errors, drives the page's own
-form once, and keeps a screenshot of it.
+Starts `tally serve --web web/dist` on loopback (the server the page compares with), opens the
+page, and over the DevTools protocol (a pipe, stdlib only) calls `tally.load` on every fixture
+model and on SmolLM2-135M (if web/build.sh put it in the page's models), and `tally.score` on the
+float64 reference cases, with tally's kernels and with the plain path: every probability within
+1e-3 relative (plus a 1e-9 floor) of the reference, and the load-time kernel check passed. Then
+checks bad input gets clear errors, drives the page's own form once with the server comparison
+on (page and server agree), and keeps a screenshot of it. Timings go to --json.
 
-usage: tests/browser/run.py [--dist web/dist] [--chromium chromium] [--screenshot out.png] [--json out.json]
+usage: tests/browser/run.py --tally target/release/tally [--dist web/dist] [--chromium chromium]
+                            [--screenshot out.png] [--json out.json]
 Exit status 0 only if every check passed.
 """
 
 import argparse
 import base64
-import functools
-import http.server
 import json
 import os
 import pathlib
 import select
+import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -30,13 +31,6 @@ CASES = ROOT / "tests" / "fixtures" / "cases"
 FLAGS = ["--headless=new", "--no-sandbox", "--enable-unsafe-webgpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--remote-debugging-pipe",
          "--window-size=1000,1400"]
-
-
-class Quiet(http.server.SimpleHTTPRequestHandler):
-    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map, ".wasm": "application/wasm", ".js": "text/javascript"}
-
-    def log_message(self, *args):
-        pass
 
 
 class DevTools:
@@ -141,82 +135,152 @@ class Page:
         pathlib.Path(path).write_bytes(base64.b64decode(data))
 
 
+SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
 def model_source(dist, model):
     """The URL tally.load takes for a fixture model: its .gguf file, or its directory."""
     ggufs = sorted((dist / "models" / model).glob("*.gguf"))
     return f"models/{model}/{ggufs[0].name}" if ggufs else f"models/{model}"
 
 
-def close_enough(got, expected):
-    return all(len(g) == len(e) and all(abs(a - b) <= 1e-3 * abs(b) + 1e-9 for a, b in zip(g, e)) for g, e in zip(got, expected)) \
+def close_enough(got, expected, tolerance=1e-3):
+    return all(len(g) == len(e) and all(abs(a - b) <= tolerance * abs(b) + 1e-9 for a, b in zip(g, e)) for g, e in zip(got, expected)) \
         and len(got) == len(expected)
+
+
+def reference_cases(dist):
+    """(source, [(name, request, expected)]) per model: the fixture cases, then SmolLM2's."""
+    by_model = {}
+    for path in sorted(CASES.glob("*.json")):
+        case = json.loads(path.read_text())
+        by_model.setdefault(model_source(dist, case["model"]), []).append((path.stem, case["request"], case["expected_scores"]))
+    if (dist / "models" / SMOLLM2).is_file():
+        smollm2 = json.loads((ROOT / "tests" / "fixtures" / "smollm2.json").read_text())
+        by_model[f"models/{SMOLLM2}"] = [(f"smollm2_{c['name']}", c["request"], c["expected_scores"]) for c in smollm2["cases"]]
+    return by_model
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_tally(binary, dist):
+    """`tally serve --web dist` on the page's default model; returns (process, base URL)."""
+    model = dist / "models" / SMOLLM2
+    model = model if model.is_file() else dist / "models" / "wide-vocab"
+    port = free_port()
+    process = subprocess.Popen([binary, "serve", "--model", str(model), "--web", str(dist), "--host", "127.0.0.1", "--port", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"tally serve exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return process, base
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    sys.exit("tally serve did not start listening in 120 s")
+
+
+def check_models(page, dist, failures, report):
+    """Every reference case, both paths; per model the load, first and warm score times."""
+    for source, cases in sorted(reference_cases(dist).items()):
+        started = time.time()
+        info = page.evaluate(f"tally.load({json.dumps(source)})")
+        timing = {"model": source, "load_s": time.time() - started, "kernel_check": info["kernel_check"]}
+        report["adapter"] = info.get("adapter")
+        if not info["kernel_check"]["passed"]:
+            failures.append(f"{source}: {info['kernel_check']['message']}")
+        for kernels in (True, False):
+            page.evaluate(f"tally.setKernels({json.dumps(kernels)})")
+            path = "kernels" if kernels else "plain"
+            for name, request, expected in cases:
+                started = time.time()
+                response = page.evaluate(f"tally.score({json.dumps(request)})")
+                seconds = time.time() - started
+                ok = close_enough(response["scores"], expected)
+                report["cases"].append({"case": name, "path": path, "ok": ok, "seconds": seconds})
+                print(f"{'ok  ' if ok else 'FAIL'} {name} ({path}, {seconds:.1f} s)", flush=True)
+                if not ok:
+                    failures.append(f"{name} ({path}): {response['scores']} != {expected}")
+            # The first case once more: the warm time, every kernel compiled.
+            started = time.time()
+            page.evaluate(f"tally.score({json.dumps(cases[0][1])})")
+            timing[f"first_score_s_{path}"] = next(c["seconds"] for c in report["cases"] if c["case"] == cases[0][0] and c["path"] == path)
+            timing[f"warm_score_s_{path}"] = time.time() - started
+        report["models"].append(timing)
+
+
+def check_bad_input(page, failures):
+    """Each rejects with a clear message; nothing hangs."""
+    for what, expression, needle in [
+        ("empty items", "tally.score({query: [1], items: [], label_token_ids: [1]})", "at least one item"),
+        ("id out of range", "tally.score({query: [1], items: [[999999]], label_token_ids: [1]})", "out of range"),
+        ("not a request", "tally.score({query: 5})", "invalid request"),
+        ("missing model", "tally.load('models/no-such-model')", "404"),
+        ("not a model file", "tally.load('index.html.gguf')", "404"),
+        ("picker without weights", "tally.load([new File(['{}'], 'config.json')])", "pick one .gguf file"),
+        ("corrupt GGUF", "tally.load([new File(['not a gguf file at all'], 'broken.gguf')])", "GGUF"),
+    ]:
+        try:
+            page.evaluate(expression, timeout=120)
+            failures.append(f"{what}: accepted")
+        except RuntimeError as error:
+            if needle not in str(error):
+                failures.append(f"{what}: unclear error {error}")
+
+
+def check_page_form(page, failures, screenshot):
+    """The page as a person uses it: default model, score with the server comparison on, bars."""
+    page.evaluate("document.getElementById('compare').checked = true")
+    page.evaluate("page.load(document.getElementById('model-url').value).then(() => page.score())")
+    bars = page.evaluate("document.querySelectorAll('.fill.page').length")
+    server_bars = page.evaluate("document.querySelectorAll('.fill.server').length")
+    error = page.evaluate("document.getElementById('error').textContent")
+    if bars < 2 or server_bars != bars or error:
+        failures.append(f"the page drew {bars} page bars and {server_bars} server bars, error {error!r}")
+    agree = page.evaluate("window.lastScores && window.lastScores.server ? JSON.stringify(window.lastScores) : null")
+    if agree:
+        scores = json.loads(agree)
+        if not close_enough(scores["page"]["scores"], scores["server"]["scores"]):
+            failures.append(f"page and server disagree: {scores}")
+    else:
+        failures.append("the page kept no scores from the server")
+    if screenshot:
+        page.screenshot(screenshot)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tally", required=True, help="the tally binary (it serves the page and the comparison API)")
     parser.add_argument("--dist", default=str(ROOT / "web" / "dist"))
     parser.add_argument("--chromium", default="chromium")
     parser.add_argument("--screenshot", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    dist = pathlib.Path(args.dist)
+    dist = pathlib.Path(args.dist).resolve()
     if not (dist / "index.html").is_file():
         sys.exit(f"{dist} has no index.html: run web/build.sh first")
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(dist)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/index.html"
+    server, base = start_tally(args.tally, dist)
     devtools = DevTools(args.chromium)
-    failures, report = [], {"cases": []}
+    failures, report = [], {"cases": [], "models": []}
     try:
-        page = Page(devtools, url)
-        cases = sorted(CASES.glob("*.json"))
-        by_model = {}
-        for path in cases:
-            case = json.loads(path.read_text())
-            by_model.setdefault(case["model"], []).append((path.stem, case))
-        for model, model_cases in sorted(by_model.items()):
-            started = time.time()
-            info = page.evaluate(f"tally.load({json.dumps(model_source(dist, model))})")
-            load_s = time.time() - started
-            for kernels in (True, False):
-                page.evaluate(f"tally.setKernels({json.dumps(kernels)})")
-                for name, case in model_cases:
-                    started = time.time()
-                    response = page.evaluate(f"tally.score({json.dumps(case['request'])})")
-                    ok = close_enough(response["scores"], case["expected_scores"])
-                    report["cases"].append({"case": name, "kernels": kernels, "ok": ok, "seconds": time.time() - started, "load_s": load_s})
-                    print(f"{'ok  ' if ok else 'FAIL'} {name} ({'kernels' if kernels else 'plain'})", flush=True)
-                    if not ok:
-                        failures.append(f"{name} ({'kernels' if kernels else 'plain'}): {response['scores']} != {case['expected_scores']}")
-            report["adapter"] = info.get("adapter")
-
-        # Bad input: each rejects with a clear message, nothing hangs.
-        for what, expression, needle in [
-            ("empty items", "tally.score({query: [1], items: [], label_token_ids: [1]})", "at least one item"),
-            ("id out of range", "tally.score({query: [1], items: [[999999]], label_token_ids: [1]})", "out of range"),
-            ("not a request", "tally.score({query: 5})", "invalid request"),
-            ("missing model", "tally.load('models/no-such-model')", "404"),
-        ]:
-            try:
-                page.evaluate(expression, timeout=120)
-                failures.append(f"{what}: accepted")
-            except RuntimeError as error:
-                if needle not in str(error):
-                    failures.append(f"{what}: unclear error {error}")
-
-        # The page's own form, as a person would use it: load the default model, score, see bars.
-        page.evaluate("page.load(document.getElementById('model-url').value).then(() => page.score())")
-        bars = page.evaluate("document.querySelectorAll('.bar').length")
-        error = page.evaluate("document.getElementById('error').textContent")
-        if bars < 2 or error:
-            failures.append(f"the page drew {bars} bars, error {error!r}")
-        if args.screenshot:
-            page.screenshot(args.screenshot)
+        page = Page(devtools, f"{base}/web/index.html")
+        check_models(page, dist, failures, report)
+        check_bad_input(page, failures)
+        check_page_form(page, failures, args.screenshot)
         report["console"] = page.console()
     finally:
         devtools.close()
-        server.shutdown()
+        server.kill()
+        server.wait()
     report["failures"] = failures
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

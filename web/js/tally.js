@@ -48,19 +48,34 @@ async function fetchBytes(url, onProgress, optional = false) {
 const text = (bytes) => (bytes === null ? null : new TextDecoder().decode(bytes));
 const baseName = (path) => path.replace(/\/+$/, '').split('/').pop();
 
-// The files of a model: a `.gguf` URL, a model directory's URL (config.json, model.safetensors,
-// tokenizer.json), or Files from a picker (one .gguf, or those three).
+// The shard files a `model.safetensors.index.json` lists, in order.
+function shardNames(indexJson) {
+  const weightMap = JSON.parse(indexJson).weight_map;
+  if (!weightMap || typeof weightMap !== 'object') throw new Error('model.safetensors.index.json has no weight_map');
+  return [...new Set(Object.values(weightMap))].sort();
+}
+
+// The files of a model: a `.gguf` URL, a model directory's URL (config.json, model.safetensors
+// or model.safetensors.index.json and its shards, tokenizer.json), or Files from a picker (one
+// .gguf, or those files).
 async function modelFiles(source, onProgress) {
   if (typeof source === 'string') {
     if (source.toLowerCase().endsWith('.gguf')) {
       return { name: baseName(source).replace(/\.gguf$/i, ''), gguf: await fetchBytes(source, onProgress) };
     }
     const dir = source.replace(/\/+$/, '');
-    const [config, weights, tokenizer] = await Promise.all([
+    const [config, single, tokenizer] = await Promise.all([
       fetchBytes(`${dir}/config.json`, onProgress),
-      fetchBytes(`${dir}/model.safetensors`, onProgress),
+      fetchBytes(`${dir}/model.safetensors`, onProgress, true),
       fetchBytes(`${dir}/tokenizer.json`, onProgress, true),
     ]);
+    let weights = [['model.safetensors', single]];
+    if (single === null) {
+      const index = await fetchBytes(`${dir}/model.safetensors.index.json`, onProgress, true);
+      if (index === null) throw new Error(`${dir} has neither model.safetensors nor model.safetensors.index.json`);
+      weights = [];
+      for (const name of shardNames(text(index))) weights.push([name, await fetchBytes(`${dir}/${name}`, onProgress)]);
+    }
     return { name: baseName(dir), config: text(config), weights, tokenizer: text(tokenizer) };
   }
   const files = source instanceof File ? [source] : Array.from(source ?? []);
@@ -68,20 +83,25 @@ async function modelFiles(source, onProgress) {
   const bytes = async (file) => (file ? new Uint8Array(await file.arrayBuffer()) : null);
   const gguf = files.find((f) => f.name.toLowerCase().endsWith('.gguf'));
   if (gguf) return { name: gguf.name.replace(/\.gguf$/i, ''), gguf: await bytes(gguf) };
-  if (!named('config.json') || !named('model.safetensors')) {
-    throw new Error('pick one .gguf file, or config.json + model.safetensors (+ tokenizer.json)');
+  const index = named('model.safetensors.index.json');
+  const weightNames = named('model.safetensors') ? ['model.safetensors'] : index ? shardNames(await index.text()) : [];
+  const missing = weightNames.filter((name) => !named(name));
+  if (!named('config.json') || weightNames.length === 0 || missing.length > 0) {
+    throw new Error('pick one .gguf file, or config.json + model.safetensors (or its index and every shard) (+ tokenizer.json)' +
+      (missing.length > 0 ? `; missing: ${missing.join(', ')}` : ''));
   }
   return {
     name: 'local-model',
     config: await named('config.json').text(),
-    weights: await bytes(named('model.safetensors')),
+    weights: await Promise.all(weightNames.map(async (name) => [name, await bytes(named(name))])),
     tokenizer: named('tokenizer.json') ? await named('tokenizer.json').text() : null,
   };
 }
 
 /**
- * Loads a model (replacing the last one); resolves with its info. `logGpu: true` on the first
- * load logs every kernel compiled and every autotune decision to the console.
+ * Loads a model (replacing the last one); resolves with its info, including `kernel_check`: one
+ * request scored with tally's kernels and with plain Burn ops, the kernels serving only if they
+ * agree. `logGpu: true` on the first load logs every kernel compiled to the console.
  */
 export async function load(source, { onProgress, kernels = true, logGpu = false } = {}) {
   const adapter = await webgpuAdapter();
@@ -92,10 +112,11 @@ export async function load(source, { onProgress, kernels = true, logGpu = false 
   return serialized(async () => {
     const loaded = files.gguf
       ? await Model.fromGguf(files.name, files.gguf, adapter.limits.maxStorageBufferBindingSize)
-      : await Model.fromHuggingFace(files.name, files.config, files.weights, files.tokenizer ?? undefined, adapter.limits.maxStorageBufferBindingSize);
+      : await Model.fromHuggingFace(files.name, files.config, files.weights.map(([name]) => name), files.weights.map(([, bytes]) => bytes), files.tokenizer ?? undefined, adapter.limits.maxStorageBufferBindingSize);
     model?.free();
     model = loaded;
-    model.setKernels(kernels);
+    // Kernels that failed the load-time check against plain Burn ops never serve.
+    model.setKernels(kernels && model.info().kernel_check.passed);
     return { ...model.info(), adapter: adapterName(adapter) };
   });
 }
@@ -106,7 +127,7 @@ export function score(request) {
   return serialized(() => model.score(request));
 }
 
-/** Runs the hot paths with tally's kernels (true) or plain Burn ops (false). */
+/** Runs the hot paths with tally's kernels (true; refused if they failed the load-time check) or plain Burn ops (false). */
 export function setKernels(on) {
   if (!model) throw new Error('no model is loaded');
   return serialized(async () => model.setKernels(Boolean(on)));

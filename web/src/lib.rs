@@ -19,11 +19,16 @@ use tally_engine::{EngineError, Scorer, ScorerOptions};
 use tally_model::{HotPaths, OpenedModel};
 use wasm_bindgen::prelude::*;
 
-/// Burn's CubeCL backend on WebGPU, without its fusion layer: fused matmul autotuning on
-/// WebGPU (burn 0.21) launches a candidate larger than SwiftShader's 256 invocations per
-/// workgroup, which poisons the device for every later kernel, and fusion also computes the
-/// plain attention wrong with one KV head. Unfused, every op tunes and runs correctly.
-type Backend = CubeBackend<WgpuRuntime, f32, i32, u32>;
+mod kernel_check;
+use kernel_check::{check_kernels, KernelCheck};
+
+/// Burn's CubeCL backend on WebGPU, built without autotune and without fusion (see the
+/// workspace's `burn` dependency). Measured in headless Chromium (SwiftShader): matmul autotune
+/// picks candidates that leave the output unwritten, with no error anywhere, and fused matmul
+/// autotune launches more invocations per workgroup than the adapter allows, which breaks every
+/// later kernel. Without them every op runs CubeCL's default kernel, right on every fixture, and
+/// the first score does not wait minutes for benchmarks of every candidate.
+pub(crate) type Backend = CubeBackend<WgpuRuntime, f32, i32, u32>;
 
 #[wasm_bindgen(start)]
 fn start() {
@@ -37,7 +42,7 @@ thread_local! {
     static DEVICE_READY: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Logs every kernel CubeCL compiles and every autotune decision to the console, for chasing a
+/// Logs every kernel CubeCL compiles to the console, for chasing a
 /// GPU problem on one machine. Takes effect if called before the first model loads: CubeCL
 /// reads its configuration once.
 #[wasm_bindgen(js_name = logGpuWork)]
@@ -47,18 +52,14 @@ pub fn log_gpu_work() {
 }
 
 /// Sets up WebGPU once per page. Exclusive memory pages, as heavy Burn-on-web apps use: WebGPU
-/// buffers cannot be sliced as freely as native ones. Autotuning at its minimal level (coarser
-/// shape buckets): every new bucket benchmarks each candidate kernel, seconds on a software
-/// adapter.
+/// buffers cannot be sliced as freely as native ones.
 async fn device() -> Result<WgpuDevice, JsError> {
     let device = WgpuDevice::default();
     if !DEVICE_READY.get() {
-        let mut config = serde_json::json!({ "autotune": { "level": "minimal" } });
         if LOG_GPU_WORK.get() {
-            config["compilation"] = serde_json::json!({ "logger": { "level": "basic", "log": "info" } });
-            config["autotune"]["logger"] = serde_json::json!({ "level": "full", "log": "info" });
+            let config = serde_json::json!({ "compilation": { "logger": { "level": "basic", "log": "info" } } });
+            CubeClRuntimeConfig::set(serde_json::from_value(config)?);
         }
-        CubeClRuntimeConfig::set(serde_json::from_value(config)?);
         let options = RuntimeOptions { memory_config: MemoryConfiguration::ExclusivePages, ..Default::default() };
         init_setup_async::<WebGpu>(&device, options).await;
         DEVICE_READY.set(true);
@@ -76,7 +77,9 @@ struct ModelInfo {
     vocab_size: usize,
     max_positions: usize,
     has_tokenizer: bool,
+    /// Whether tally's kernels serve (or plain Burn ops).
     kernels: bool,
+    kernel_check: KernelCheck,
 }
 
 /// A loaded model on the page's WebGPU device.
@@ -96,10 +99,12 @@ impl Model {
         Self::load(name, opened, max_buffer_bytes).await
     }
 
-    /// A Hugging Face model from `config.json`, `model.safetensors` and, if it has one,
-    /// `tokenizer.json`.
+    /// A Hugging Face model from `config.json`, its safetensors files (`model.safetensors`, or
+    /// the shards its index lists: `weight_files[i]` holds `weight_names[i]`) and, if it has
+    /// one, `tokenizer.json`.
     #[wasm_bindgen(js_name = fromHuggingFace)]
-    pub async fn from_hugging_face(name: String, config: String, weights: Vec<u8>, tokenizer: Option<String>, max_buffer_bytes: f64) -> Result<Model, JsError> {
+    pub async fn from_hugging_face(name: String, config: String, weight_names: Vec<String>, weight_files: Vec<js_sys::Uint8Array>, tokenizer: Option<String>, max_buffer_bytes: f64) -> Result<Model, JsError> {
+        let weights = weight_names.into_iter().zip(weight_files.iter().map(js_sys::Uint8Array::to_vec)).collect();
         let opened = OpenedModel::from_hf_bytes(&config, weights, tokenizer).map_err(error)?;
         Self::load(name, opened, max_buffer_bytes).await
     }
@@ -116,7 +121,8 @@ impl Model {
             )));
         }
         let device = device().await?;
-        let scorer = Scorer::<Backend>::from_opened(opened, name.clone(), &device, ScorerOptions::default(), &mut |_, _| {}).map_err(error)?;
+        let mut scorer = Scorer::<Backend>::from_opened(opened, name.clone(), &device, ScorerOptions::default(), &mut |_, _| {}).map_err(error)?;
+        let kernel_check = check_kernels(&mut scorer, config.vocab_size).await.map_err(error)?;
         let info = ModelInfo {
             name,
             family: format!("{:?}", config.family),
@@ -125,7 +131,8 @@ impl Model {
             vocab_size: config.vocab_size,
             max_positions: config.max_position_embeddings,
             has_tokenizer: scorer.preparer().tokenizer().is_ok(),
-            kernels: true,
+            kernels: kernel_check.passed,
+            kernel_check,
         };
         Ok(Model { scorer: Rc::new(RefCell::new(scorer)), info: Rc::new(RefCell::new(info)) })
     }
@@ -135,9 +142,13 @@ impl Model {
         Ok(serde_wasm_bindgen::to_value(&*self.info.borrow())?)
     }
 
-    /// Run the hot paths with tally's kernels (`true`, the default) or plain Burn ops.
+    /// Run the hot paths with tally's kernels (`true`, the default where they passed the load-time
+    /// check) or plain Burn ops.
     #[wasm_bindgen(js_name = setKernels)]
     pub fn set_kernels(&self, kernels: bool) -> Result<(), JsError> {
+        if kernels && !self.info.borrow().kernel_check.passed {
+            return Err(JsError::new(&self.info.borrow().kernel_check.message));
+        }
         let mut scorer = self.scorer.try_borrow_mut().map_err(|_| JsError::new("the model is busy scoring"))?;
         scorer.set_hot_paths(if kernels { HotPaths::Backend } else { HotPaths::Plain });
         self.info.borrow_mut().kernels = kernels;
@@ -166,3 +177,4 @@ fn largest_tensor_bytes(c: &tally_model::ModelConfig) -> usize {
 fn error(error: impl Into<EngineError>) -> JsError {
     JsError::new(&error.into().to_string())
 }
+

@@ -27,6 +27,10 @@ async function load(source) {
     const seconds = (performance.now() - start) / 1000;
     $('model-info').textContent = `${info.name}: ${info.family}, ${info.layers} layers, hidden ${info.hidden_size}, vocabulary ${info.vocab_size}` +
       `${info.has_tokenizer ? '' : ' (no tokenizer: token ids only)'} — loaded in ${seconds.toFixed(1)} s on ${info.adapter}`;
+    $('kernel-check').textContent = info.kernel_check.message;
+    $('kernel-check').className = info.kernel_check.passed ? '' : 'warning';
+    $('kernels').checked = info.kernels;
+    $('kernels').disabled = !info.kernel_check.passed;
     document.body.dataset.state = 'loaded';
     $('score').disabled = false;
     return info;
@@ -98,6 +102,7 @@ async function score() {
     }
     $('timings').textContent = timings;
     draw(body, page, server);
+    window.lastScores = { page, server };
     document.body.dataset.state = 'scored';
     return page;
   } catch (error) {
@@ -106,11 +111,24 @@ async function score() {
   }
 }
 
+// Served by `tally serve --web`, the page compares with the server it came from.
+if (location.protocol.startsWith('http')) $('server').value = location.origin;
 $('load-url').addEventListener('click', () => load($('model-url').value).catch(() => {}));
 $('model-files').addEventListener('change', (e) => load(e.target.files).catch(() => {}));
 $('kernels').addEventListener('change', (e) => tally.setKernels(e.target.checked).catch(showError));
 $('score').addEventListener('click', () => score().catch(() => {}));
 
-// For tests and the console: the page's own steps.
-window.page = { load, score };
-if (new URLSearchParams(location.search).has('autoload')) load($('model-url').value).then(score).catch(() => {});
+// The default model: SmolLM2-135M where web/build.sh could include it, else a random fixture
+// with a real tokenizer (its scores mean nothing, but everything runs).
+async function chooseDefaultModel() {
+  const head = await fetch($('model-url').value, { method: 'HEAD' }).catch(() => null);
+  if (head?.ok) return;
+  $('model-url').value = 'models/wide-vocab';
+  $('labels').value = '7414, 2308';
+}
+
+// For tests and the console: the page's own steps, once the default model is chosen.
+chooseDefaultModel().then(() => {
+  window.page = { load, score };
+  if (new URLSearchParams(location.search).has('autoload')) load($('model-url').value).then(score).catch(() => {});
+});

@@ -49,11 +49,12 @@ pub enum TokenizerSource {
 }
 
 impl OpenedModel {
-    /// A Hugging Face model in memory: `config.json`, one `model.safetensors` file and, if it has
-    /// one, `tokenizer.json` (the browser build fetches them).
-    pub fn from_hf_bytes(config_json: &str, safetensors: Vec<u8>, tokenizer_json: Option<String>) -> Result<Self, LoadError> {
+    /// A Hugging Face model in memory: `config.json`, its safetensors files (`model.safetensors`,
+    /// or every shard, each with its file name) and, if it has one, `tokenizer.json` (the
+    /// browser build fetches them).
+    pub fn from_hf_bytes(config_json: &str, safetensors: Vec<(String, Vec<u8>)>, tokenizer_json: Option<String>) -> Result<Self, LoadError> {
         let config = ModelConfig::from_json(config_json).map_err(|source| LoadError::Config { path: "config.json".into(), source })?;
-        let weights = Box::new(Checkpoint::from_bytes("model.safetensors", safetensors)?);
+        let weights = Box::new(Checkpoint::from_bytes(safetensors)?);
         Ok(OpenedModel { config, weights, tokenizer: tokenizer_json.map_or(TokenizerSource::None, TokenizerSource::JsonText) })
     }
 

@@ -74,9 +74,11 @@ impl Checkpoint {
         Ok(Self::from_shards(shards))
     }
 
-    /// One safetensors file already in memory; `name` stands for its path in errors.
-    pub fn from_bytes(name: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Self, WeightsError> {
-        Ok(Self::from_shards(vec![Shard::new(name.into(), FileData::Owned(bytes))?]))
+    /// Safetensors files already in memory (one, or every shard), each with the name that
+    /// stands for its path in errors.
+    pub fn from_bytes(files: Vec<(String, Vec<u8>)>) -> Result<Self, WeightsError> {
+        let shards = files.into_iter().map(|(name, bytes)| Shard::new(name.into(), FileData::Owned(bytes))).collect::<Result<_, _>>()?;
+        Ok(Self::from_shards(shards))
     }
 
     fn from_shards(shards: Vec<Shard>) -> Self {

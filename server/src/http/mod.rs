@@ -8,6 +8,7 @@ pub mod openapi;
 pub mod parse_errors;
 pub mod rerank;
 pub mod score;
+pub mod web;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -138,9 +139,9 @@ impl AppState {
 }
 
 /// The routes, metrics, size limit and API keys; `cors` lets browser pages on those origins
-/// call the API (`*` for any).
-pub fn router(state: Arc<AppState>, cors: &[String]) -> Router {
-    Router::new()
+/// call the API (`*` for any); `web`, the browser page's directory, is served at `/web/`.
+pub fn router(state: Arc<AppState>, cors: &[String], web: Option<&std::path::Path>) -> Router {
+    let api = Router::new()
         .route("/v1/score", post(score::score))
         .route("/v1/rerank", post(rerank::rerank))
         .route("/rerank", post(rerank::rerank))
@@ -157,8 +158,12 @@ pub fn router(state: Arc<AppState>, cors: &[String]) -> Router {
         .layer(RequestBodyTimeoutLayer::new(state.limits.body_timeout))
         .layer(RequestDecompressionLayer::new())
         .layer(axum::middleware::from_fn(error::json_errors))
-        .layer(cors_layer(cors))
-        .with_state(state)
+        .layer(cors_layer(cors));
+    let app = match web {
+        Some(dir) => api.merge(web::routes(dir)),
+        None => api,
+    };
+    app.with_state(state)
 }
 
 /// Of a refused body, what is read and dropped before answering (for at most a second): a client
