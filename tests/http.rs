@@ -618,3 +618,35 @@ fn random_requests_never_get_a_5xx() {
     }
     assert_eq!(server.score(&json!({"query": [1], "items": [[2]], "label_token_ids": [3]})).len(), 1);
 }
+
+/// `--web DIR`: the page and its files beside the API, gzip where a `.gz` lies beside a file,
+/// without the API key; `/` leads to the page; a directory without a page is refused at start.
+#[test]
+fn the_browser_page_is_served_beside_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("pkg")).unwrap();
+    std::fs::write(dir.path().join("index.html"), "<!doctype html><title>tally</title>").unwrap();
+    std::fs::write(dir.path().join("pkg/m.wasm"), b"\0asm\x01\0\0\0").unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(b"\0asm\x01\0\0\0").unwrap();
+    std::fs::write(dir.path().join("pkg/m.wasm.gz"), gz.finish().unwrap()).unwrap();
+
+    let server = Server::start("tied-gqa", &["--web", dir.path().to_str().unwrap(), "--api-key", "s3cret"]);
+    assert_eq!(server.get("/web/index.html"), (200, "<!doctype html><title>tally</title>".to_owned()));
+    assert_eq!(server.get("/v1/models").0, 401, "the API keeps its key");
+    let no_redirects = ureq::AgentBuilder::new().redirects(0).build();
+    let root = no_redirects.get(&format!("{}/", server.url)).call().unwrap();
+    assert_eq!((root.status(), root.header("location")), (303, Some("/web/index.html")));
+
+    let mut response = Vec::new();
+    let mut stream = raw(&server, b"GET /web/pkg/m.wasm HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n");
+    stream.read_to_end(&mut response).unwrap();
+    let head = String::from_utf8_lossy(&response).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200") && head.contains("content-type: application/wasm") && head.contains("content-encoding: gzip"), "{head}");
+    assert_eq!(server.get("/web/no-such-file").0, 404);
+
+    let missing = dir.path().join("nothing-here");
+    let out = common::tally(&["serve", "--model", model("tied-gqa").to_str().unwrap(), "--port", "0", "--web", missing.to_str().unwrap()], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("no index.html") && stderr.contains("web/build.sh"), "{stderr}");
+}

@@ -3,11 +3,12 @@
 
 Starts `tally serve --web web/dist` on loopback (the server the page compares with), opens the
 page, and over the DevTools protocol (a pipe, stdlib only) calls `tally.load` on every fixture
-model and on SmolLM2-135M (if web/build.sh put it in the page's models), and `tally.score` on the
-float64 reference cases, with tally's kernels and with the plain path: every probability within
-1e-3 relative (plus a 1e-9 floor) of the reference, and the load-time kernel check passed. Then
-checks bad input gets clear errors, drives the page's own form once with the server comparison
-on (page and server agree), and keeps a screenshot of it. Timings go to --json.
+model and `tally.score` on the float64 reference cases, with tally's kernels and with the plain path:
+every probability within 1e-3 relative (plus a 1e-9 floor) of the reference, and the load-time
+kernel check passed. Then checks bad input gets clear errors and drives the page's own form on
+its default model (SmolLM2-135M where web/build.sh included it) with the server comparison on:
+bars drawn, page == server == the float64 reference, kernels and plain path. Keeps a screenshot
+of the page; timings go to --json.
 
 usage: tests/browser/run.py --tally target/release/tally [--dist web/dist] [--chromium chromium]
                             [--screenshot out.png] [--json out.json]
@@ -150,15 +151,20 @@ def close_enough(got, expected, tolerance=1e-3):
 
 
 def reference_cases(dist):
-    """(source, [(name, request, expected)]) per model: the fixture cases, then SmolLM2's."""
+    """(source, [(name, request, expected)]) per fixture model."""
     by_model = {}
     for path in sorted(CASES.glob("*.json")):
         case = json.loads(path.read_text())
         by_model.setdefault(model_source(dist, case["model"]), []).append((path.stem, case["request"], case["expected_scores"]))
-    if (dist / "models" / SMOLLM2).is_file():
-        smollm2 = json.loads((ROOT / "tests" / "fixtures" / "smollm2.json").read_text())
-        by_model[f"models/{SMOLLM2}"] = [(f"smollm2_{c['name']}", c["request"], c["expected_scores"]) for c in smollm2["cases"]]
     return by_model
+
+
+def smollm2_expected():
+    """The page's default request on SmolLM2 (items France and Italy, labels Paris and Rome):
+    that corner of the float64 reference's `capitals` case."""
+    case = json.loads((ROOT / "tests" / "fixtures" / "smollm2.json").read_text())["cases"][0]
+    assert case["request"]["label_token_ids"][:2] == [7042, 7268] and case["request"]["items"][:2] == [" France is", " Italy is"]
+    return [row[:2] for row in case["expected_scores"][:2]]
 
 
 def free_port():
@@ -236,24 +242,40 @@ def check_bad_input(page, failures):
                 failures.append(f"{what}: unclear error {error}")
 
 
-def check_page_form(page, failures, screenshot):
-    """The page as a person uses it: default model, score with the server comparison on, bars."""
+def check_page_form(page, dist, failures, report, screenshot):
+    """The page as a person uses it: its default model (SmolLM2 where build.sh included it), the
+    default request scored with the server comparison on (bars drawn, page == server, and on
+    SmolLM2 == the float64 reference), then again with the kernels off."""
+    smollm2 = (dist / "models" / SMOLLM2).is_file()
+    timing = {"model": "page default: " + (SMOLLM2 if smollm2 else "wide-vocab")}
     page.evaluate("document.getElementById('compare').checked = true")
-    page.evaluate("page.load(document.getElementById('model-url').value).then(() => page.score())")
-    bars = page.evaluate("document.querySelectorAll('.fill.page').length")
-    server_bars = page.evaluate("document.querySelectorAll('.fill.server').length")
-    error = page.evaluate("document.getElementById('error').textContent")
-    if bars < 2 or server_bars != bars or error:
-        failures.append(f"the page drew {bars} page bars and {server_bars} server bars, error {error!r}")
-    agree = page.evaluate("window.lastScores && window.lastScores.server ? JSON.stringify(window.lastScores) : null")
-    if agree:
-        scores = json.loads(agree)
+    started = time.time()
+    page.evaluate("page.load(document.getElementById('model-url').value)")
+    timing["load_s"] = time.time() - started
+    for kernels in (True, False):
+        path = "kernels" if kernels else "plain"
+        failed_before = len(failures)
+        page.evaluate(f"tally.setKernels({json.dumps(kernels)})")
+        started = time.time()
+        page.evaluate("page.score()")
+        timing[f"score_s_{path}_with_server"] = time.time() - started
+        bars = page.evaluate("document.querySelectorAll('.fill.page').length")
+        server_bars = page.evaluate("document.querySelectorAll('.fill.server').length")
+        error = page.evaluate("document.getElementById('error').textContent")
+        if bars < 2 or server_bars != bars or error:
+            failures.append(f"page form ({path}): {bars} page bars and {server_bars} server bars, error {error!r}")
+        scores = json.loads(page.evaluate("JSON.stringify(window.lastScores ?? null)") or "null")
+        if not scores or not scores.get("server"):
+            failures.append(f"page form ({path}): no scores kept from the page and the server")
+            continue
         if not close_enough(scores["page"]["scores"], scores["server"]["scores"]):
-            failures.append(f"page and server disagree: {scores}")
-    else:
-        failures.append("the page kept no scores from the server")
-    if screenshot:
-        page.screenshot(screenshot)
+            failures.append(f"page form ({path}): page and server disagree: {scores}")
+        if smollm2 and not close_enough(scores["page"]["scores"], smollm2_expected()):
+            failures.append(f"page form ({path}): SmolLM2 {scores['page']['scores']} != reference {smollm2_expected()}")
+        print(f"{'ok  ' if len(failures) == failed_before else 'FAIL'} page form, {timing['model']} ({path}, {timing[f'score_s_{path}_with_server']:.1f} s)", flush=True)
+        if kernels and screenshot:
+            page.screenshot(screenshot)
+    report["models"].append(timing)
 
 
 def main():
@@ -275,7 +297,7 @@ def main():
         page = Page(devtools, f"{base}/web/index.html")
         check_models(page, dist, failures, report)
         check_bad_input(page, failures)
-        check_page_form(page, failures, args.screenshot)
+        check_page_form(page, dist, failures, report, args.screenshot)
         report["console"] = page.console()
     finally:
         devtools.close()
