@@ -16,7 +16,7 @@ use burn_cubecl::CubeBackend;
 use serde::Serialize;
 use tally_core::ScoreRequest;
 use tally_engine::{EngineError, Scorer, ScorerOptions};
-use tally_model::{HotPaths, OpenedModel};
+use tally_model::{FileData, HotPaths, OpenedModel, RangedBytes};
 use wasm_bindgen::prelude::*;
 
 mod kernel_check;
@@ -94,8 +94,8 @@ impl Model {
     /// A model from one GGUF file's bytes. `max_buffer_bytes`: the adapter's
     /// `maxStorageBufferBindingSize`, which every weight tensor must fit.
     #[wasm_bindgen(js_name = fromGguf)]
-    pub async fn from_gguf(name: String, bytes: Vec<u8>, max_buffer_bytes: f64) -> Result<Model, JsError> {
-        let opened = OpenedModel::from_gguf_bytes(&name, bytes).map_err(error)?;
+    pub async fn from_gguf(name: String, bytes: js_sys::Uint8Array, max_buffer_bytes: f64) -> Result<Model, JsError> {
+        let opened = OpenedModel::from_gguf_data(&name, js_file(bytes)).map_err(error)?;
         Self::load(name, opened, max_buffer_bytes).await
     }
 
@@ -104,8 +104,8 @@ impl Model {
     /// one, `tokenizer.json`.
     #[wasm_bindgen(js_name = fromHuggingFace)]
     pub async fn from_hugging_face(name: String, config: String, weight_names: Vec<String>, weight_files: Vec<js_sys::Uint8Array>, tokenizer: Option<String>, max_buffer_bytes: f64) -> Result<Model, JsError> {
-        let weights = weight_names.into_iter().zip(weight_files.iter().map(js_sys::Uint8Array::to_vec)).collect();
-        let opened = OpenedModel::from_hf_bytes(&config, weights, tokenizer).map_err(error)?;
+        let weights = weight_names.into_iter().zip(weight_files.into_iter().map(js_file)).collect();
+        let opened = OpenedModel::from_hf_data(&config, weights, tokenizer).map_err(error)?;
         Self::load(name, opened, max_buffer_bytes).await
     }
 
@@ -165,6 +165,24 @@ impl Model {
             Ok(serde_wasm_bindgen::to_value(&response)?)
         })
     }
+}
+
+/// A fetched or picked model file, left where JS has it: the wasm heap receives its header, then
+/// one tensor at a time on its way to the GPU, never the whole file.
+struct JsFile(js_sys::Uint8Array);
+
+impl RangedBytes for JsFile {
+    fn len(&self) -> usize {
+        self.0.length() as usize
+    }
+
+    fn copy(&self, range: std::ops::Range<usize>) -> Vec<u8> {
+        self.0.subarray(range.start as u32, range.end as u32).to_vec()
+    }
+}
+
+fn js_file(bytes: js_sys::Uint8Array) -> FileData {
+    FileData::Ranged(Box::new(JsFile(bytes)))
 }
 
 /// The largest weight tensor on the device, in f32 bytes: the embedding (also the tied head), or

@@ -21,7 +21,7 @@ pub mod config;
 #[cfg(feature = "cubecl")]
 mod cube;
 pub mod decoder;
-mod file_data;
+pub mod file_data;
 pub mod gguf;
 pub mod layout;
 pub mod lm_head;
@@ -38,4 +38,5 @@ pub use decoder::{AttentionRoute, DecoderModel, HotPaths};
 pub use layout::ItemLayout;
 pub use lm_head::LabelTable;
 pub use query_kv::{ItemGroup, QueryKv, PREFILL_CHUNK};
+pub use file_data::{FileData, RangedBytes};
 pub use source::{LoadError, ModelFiles, OpenedModel, TokenizerSource};

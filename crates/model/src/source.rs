@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::config::{ConfigError, ModelConfig};
+use crate::file_data::FileData;
 use crate::gguf::checkpoint::GgufVocabulary;
 use crate::gguf::{GgufCheckpoint, GgufFile};
 use crate::weights::{Checkpoint, TensorSource, WeightsError};
@@ -49,18 +50,18 @@ pub enum TokenizerSource {
 }
 
 impl OpenedModel {
-    /// A Hugging Face model in memory: `config.json`, its safetensors files (`model.safetensors`,
+    /// A Hugging Face model not on disk: `config.json`, its safetensors files (`model.safetensors`,
     /// or every shard, each with its file name) and, if it has one, `tokenizer.json` (the
     /// browser build fetches them).
-    pub fn from_hf_bytes(config_json: &str, safetensors: Vec<(String, Vec<u8>)>, tokenizer_json: Option<String>) -> Result<Self, LoadError> {
+    pub fn from_hf_data(config_json: &str, safetensors: Vec<(String, FileData)>, tokenizer_json: Option<String>) -> Result<Self, LoadError> {
         let config = ModelConfig::from_json(config_json).map_err(|source| LoadError::Config { path: "config.json".into(), source })?;
-        let weights = Box::new(Checkpoint::from_bytes(safetensors)?);
+        let weights = Box::new(Checkpoint::from_data(safetensors)?);
         Ok(OpenedModel { config, weights, tokenizer: tokenizer_json.map_or(TokenizerSource::None, TokenizerSource::JsonText) })
     }
 
-    /// A GGUF file in memory; `name` stands for its path in errors.
-    pub fn from_gguf_bytes(name: &str, bytes: Vec<u8>) -> Result<Self, LoadError> {
-        Self::from_gguf(GgufCheckpoint::new(GgufFile::from_bytes(name, bytes).map_err(WeightsError::from)?)?)
+    /// A GGUF file not on disk; `name` stands for its path in errors.
+    pub fn from_gguf_data(name: &str, data: FileData) -> Result<Self, LoadError> {
+        Self::from_gguf(GgufCheckpoint::new(GgufFile::from_data(name.into(), data).map_err(WeightsError::from)?)?)
     }
 
     fn from_gguf(checkpoint: GgufCheckpoint) -> Result<Self, LoadError> {

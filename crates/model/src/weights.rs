@@ -74,10 +74,10 @@ impl Checkpoint {
         Ok(Self::from_shards(shards))
     }
 
-    /// Safetensors files already in memory (one, or every shard), each with the name that
-    /// stands for its path in errors.
-    pub fn from_bytes(files: Vec<(String, Vec<u8>)>) -> Result<Self, WeightsError> {
-        let shards = files.into_iter().map(|(name, bytes)| Shard::new(name.into(), FileData::Owned(bytes))).collect::<Result<_, _>>()?;
+    /// Safetensors files not on disk (one, or every shard), each with the name that stands for
+    /// its path in errors.
+    pub fn from_data(files: Vec<(String, FileData)>) -> Result<Self, WeightsError> {
+        let shards = files.into_iter().map(|(name, data)| Shard::new(name.into(), data)).collect::<Result<_, _>>()?;
         Ok(Self::from_shards(shards))
     }
 
@@ -107,10 +107,8 @@ impl TensorSource for Checkpoint {
             });
         }
         let (start, end) = info.data_offsets;
-        let bytes = shard.map.get(shard.data_start + start..shard.data_start + end).ok_or_else(|| WeightsError::Format {
-            path: shard.path.clone(),
-            message: format!("tensor `{name}` lies outside the file"),
-        })?;
+        let outside = || WeightsError::Format { path: shard.path.clone(), message: format!("tensor `{name}` lies outside the file") };
+        let bytes = shard.map.get(shard.data_start + start..shard.data_start + end).ok_or_else(outside)?;
         let values = match info.dtype {
             Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
             Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
@@ -136,8 +134,62 @@ fn shard_files(index: &std::path::Path) -> Result<Vec<PathBuf>, WeightsError> {
 
 impl Shard {
     fn new(path: PathBuf, map: FileData) -> Result<Self, WeightsError> {
-        let (header_len, metadata) =
-            SafeTensors::read_metadata(&map).map_err(|e| WeightsError::Format { path: path.clone(), message: e.to_string() })?;
+        let format = |message: String| WeightsError::Format { path: path.clone(), message };
+        let (header_len, metadata) = match map.in_memory() {
+            Some(bytes) => SafeTensors::read_metadata(bytes).map_err(|e| format(e.to_string()))?,
+            None => read_metadata_in_ranges(&map).map_err(format)?,
+        };
         Ok(Shard { path, map, data_start: 8 + header_len, metadata })
+    }
+}
+
+/// What `SafeTensors::read_metadata` checks, reading only the header: its length, its JSON, and
+/// that the tensors' data ends where the file does. Each tensor's range is checked as it is read.
+fn read_metadata_in_ranges(map: &FileData) -> Result<(usize, Metadata), String> {
+    let too_short = || "too short for a safetensors header".to_owned();
+    let length = map.get(0..8).ok_or_else(too_short)?;
+    let header_len = usize::try_from(u64::from_le_bytes(length[..].try_into().expect("8 bytes"))).map_err(|_| "header length too large".to_owned())?;
+    let header = map.get(8..8usize.saturating_add(header_len)).ok_or_else(|| format!("header of {header_len} bytes runs past the end of the file"))?;
+    let metadata: Metadata = serde_json::from_slice(&header).map_err(|e| format!("invalid header: {e}"))?;
+    let data_len = metadata.tensors().values().map(|info| info.data_offsets.1).max().unwrap_or(0);
+    if 8 + header_len + data_len != map.len() {
+        return Err("incomplete metadata, file not fully covered".to_owned());
+    }
+    Ok((header_len, metadata))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::file_data::tests::Remote;
+    use safetensors::tensor::TensorView;
+
+    fn file() -> Vec<u8> {
+        let a: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let b: Vec<u8> = [0.5f32, -0.5].iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect();
+        let views = [("a", TensorView::new(Dtype::F32, vec![2, 3], &a).unwrap()), ("b", TensorView::new(Dtype::BF16, vec![2], &b).unwrap())];
+        safetensors::serialize(views, None).unwrap()
+    }
+
+    #[test]
+    fn a_file_outside_memory_reads_like_one_in_it() {
+        let owned = Checkpoint::from_data(vec![("in-memory".into(), FileData::Owned(file()))]).unwrap();
+        let remote = Checkpoint::from_data(vec![("remote".into(), FileData::Ranged(Box::new(Remote(file()))))]).unwrap();
+        for checkpoint in [owned, remote] {
+            assert_eq!(checkpoint.read("a", &[2, 3]).unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+            assert_eq!(checkpoint.read("b", &[2]).unwrap(), vec![0.5, -0.5]);
+            assert!(matches!(checkpoint.read("a", &[3, 2]), Err(WeightsError::Shape { .. })));
+        }
+    }
+
+    #[test]
+    fn a_truncated_or_padded_file_outside_memory_is_refused() {
+        let good = file();
+        for len in 0..good.len() {
+            let cut = FileData::Ranged(Box::new(Remote(good[..len].to_vec())));
+            assert!(Checkpoint::from_data(vec![("cut".into(), cut)]).is_err(), "truncated to {len} bytes");
+        }
+        let padded = FileData::Ranged(Box::new(Remote([good, vec![0; 4]].concat())));
+        assert!(Checkpoint::from_data(vec![("padded".into(), padded)]).is_err());
     }
 }

@@ -31,6 +31,9 @@ pub enum GgufError {
     UnsupportedType { path: PathBuf, name: String, kind: String },
     #[error("{path}: metadata `{key}` is {problem}")]
     Metadata { path: PathBuf, key: String, problem: String },
+    /// Parsing a file not in memory reads its header in growing prefixes; this asks for more.
+    #[error("{path}: the header continues past its first {read} bytes")]
+    HeaderBeyond { path: PathBuf, read: usize },
 }
 
 /// A metadata value. Arrays of numbers keep their element type.
@@ -82,13 +85,21 @@ impl GgufFile {
         Self::from_data(path.to_owned(), map)
     }
 
-    /// A GGUF file already in memory; `name` stands for its path in errors.
-    pub fn from_bytes(name: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Self, GgufError> {
-        Self::from_data(name.into(), FileData::Owned(bytes))
+    /// A GGUF file not on disk; `path` names it in errors. Where its bytes are not in memory,
+    /// only the header is copied in (in growing prefixes), then one tensor at a time.
+    pub fn from_data(path: PathBuf, map: FileData) -> Result<Self, GgufError> {
+        Self::from_data_reading(path, map, HEADER_PREFIX)
     }
 
-    fn from_data(path: PathBuf, map: FileData) -> Result<Self, GgufError> {
-        let (metadata, tensors) = parse(&path, &map)?;
+    fn from_data_reading(path: PathBuf, map: FileData, first_read: usize) -> Result<Self, GgufError> {
+        let mut read = if map.in_memory().is_some() { map.len() } else { map.len().min(first_read) };
+        let (metadata, tensors) = loop {
+            let prefix = map.get(0..read).expect("a prefix of the file");
+            match parse(&path, &prefix, map.len()) {
+                Err(GgufError::HeaderBeyond { .. }) if read < map.len() => read = read.saturating_mul(4).min(map.len()),
+                parsed => break parsed?,
+            }
+        };
         Ok(GgufFile { path, map, metadata, tensors })
     }
 
@@ -110,8 +121,8 @@ impl GgufFile {
 
     /// The tensor's elements as f32, dequantised, in storage order.
     pub fn read_f32(&self, name: &str, info: &TensorInfo) -> Result<Vec<f32>, GgufError> {
-        let bytes = &self.map[info.start..info.start + info.len];
-        info.kind.dequantize(bytes, info.elements()).ok_or_else(|| GgufError::UnsupportedType {
+        let bytes = self.map.get(info.start..info.start + info.len).expect("tensor ranges are checked against the file at parse");
+        info.kind.dequantize(&bytes, info.elements()).ok_or_else(|| GgufError::UnsupportedType {
             path: self.path.clone(),
             name: name.to_owned(),
             kind: info.kind.to_string(),
@@ -195,10 +206,15 @@ impl GgufFile {
     }
 }
 
-/// A bounds-checked cursor over the file's bytes.
+/// Bytes of a GGUF header read at first from a file not in memory: SmolLM2's is 2 MB, Qwen3's
+/// (151,936 tokens and their merges) about 7.
+const HEADER_PREFIX: usize = 8 << 20;
+
+/// A bounds-checked cursor over the first bytes of a file of `file_len` bytes.
 struct Reader<'a> {
     path: &'a Path,
     bytes: &'a [u8],
+    file_len: usize,
     at: usize,
 }
 
@@ -208,7 +224,10 @@ impl<'a> Reader<'a> {
     }
 
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], GgufError> {
-        let end = self.at.checked_add(n).filter(|&end| end <= self.bytes.len()).ok_or_else(|| self.corrupt(format!("{what} runs past the end of the file")))?;
+        let end = self.at.checked_add(n).filter(|&end| end <= self.file_len).ok_or_else(|| self.corrupt(format!("{what} runs past the end of the file")))?;
+        if end > self.bytes.len() {
+            return Err(GgufError::HeaderBeyond { path: self.path.to_owned(), read: self.bytes.len() });
+        }
         let out = &self.bytes[self.at..end];
         self.at = end;
         Ok(out)
@@ -229,7 +248,7 @@ impl<'a> Reader<'a> {
     /// A count of things that each take at least `min_size` bytes: it must fit in what is left.
     fn count(&mut self, min_size: usize, what: &str) -> Result<usize, GgufError> {
         let count = self.u64(what)?;
-        let left = (self.bytes.len() - self.at) as u64;
+        let left = (self.file_len - self.at) as u64;
         if count.saturating_mul(min_size.max(1) as u64) > left {
             return Err(self.corrupt(format!("{what} ({count}) does not fit in the file")));
         }
@@ -272,8 +291,9 @@ impl<'a> Reader<'a> {
 
 type Parsed = (HashMap<String, Value>, HashMap<String, TensorInfo>);
 
-fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, GgufError> {
-    let mut r = Reader { path, bytes, at: 0 };
+/// The metadata and tensor directory, from `bytes`: the first bytes of a file of `file_len`.
+fn parse(path: &Path, bytes: &[u8], file_len: usize) -> Result<Parsed, GgufError> {
+    let mut r = Reader { path, bytes, file_len, at: 0 };
     let magic = r.array::<4>("magic")?;
     if &magic != b"GGUF" {
         return Err(GgufError::Magic { path: path.to_owned(), magic });
@@ -327,7 +347,7 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, GgufError> {
             });
         };
         let start = data_start.checked_add(offset);
-        let Some(start) = start.filter(|s| s.checked_add(len).is_some_and(|end| end <= bytes.len())) else {
+        let Some(start) = start.filter(|s| s.checked_add(len).is_some_and(|end| end <= file_len)) else {
             return Err(GgufError::Corrupt {
                 path: path.to_owned(),
                 offset: data_start.saturating_add(offset),
@@ -401,6 +421,23 @@ pub(crate) mod tests {
         assert_eq!(file.read_f32("token_embd.weight", &info).unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         assert!(file.usize("missing.key").unwrap_err().to_string().contains("`missing.key` is missing"));
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_file_outside_memory_reads_the_same_and_fails_the_same() {
+        use crate::file_data::tests::Remote;
+        let good = sample();
+        for first_read in [1, 7, 64, usize::MAX] {
+            let file = GgufFile::from_data_reading("remote".into(), FileData::Ranged(Box::new(Remote(good.clone()))), first_read).unwrap();
+            assert_eq!(file.usize("llama.block_count").unwrap(), 2);
+            let info = file.tensor("token_embd.weight").unwrap().clone();
+            assert_eq!(file.read_f32("token_embd.weight", &info).unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        }
+        for len in 0..good.len() {
+            let cut = FileData::Ranged(Box::new(Remote(good[..len].to_vec())));
+            let error = GgufFile::from_data_reading("remote".into(), cut, 8).err().unwrap_or_else(|| panic!("truncated to {len} bytes"));
+            assert!(!matches!(error, GgufError::HeaderBeyond { .. }), "{error}");
+        }
     }
 
     #[test]
