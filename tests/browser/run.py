@@ -264,10 +264,15 @@ def check_page_form(page, dist, failures, report, screenshot):
         error = page.evaluate("document.getElementById('error').textContent")
         if bars < 2 or server_bars != bars or error:
             failures.append(f"page form ({path}): {bars} page bars and {server_bars} server bars, error {error!r}")
+        # Each bar drawn as wide as its probability: fill width / track width.
+        drawn = page.evaluate("[...document.querySelectorAll('.fill.page')].map(f => f.getBoundingClientRect().width / f.parentElement.getBoundingClientRect().width)")
         scores = json.loads(page.evaluate("JSON.stringify(window.lastScores ?? null)") or "null")
         if not scores or not scores.get("server"):
             failures.append(f"page form ({path}): no scores kept from the page and the server")
             continue
+        wanted = [p for row in scores["page"]["scores"] for p in row]
+        if len(drawn) != len(wanted) or any(abs(d - p) > 0.01 for d, p in zip(drawn, wanted)):
+            failures.append(f"page form ({path}): bars drawn at {drawn}, probabilities {wanted}")
         if not close_enough(scores["page"]["scores"], scores["server"]["scores"]):
             failures.append(f"page form ({path}): page and server disagree: {scores}")
         if smollm2 and not close_enough(scores["page"]["scores"], smollm2_expected()):
