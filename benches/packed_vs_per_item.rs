@@ -4,7 +4,7 @@
 //! own request, so the query is recomputed for each — what an engine without multi-item
 //! scoring does. Same binary, same model, same run; the result is the ratio of the two.
 //!
-//! `cargo bench -p tally-engine --bench packed_vs_per_item [-- QUERY_TOKENS ITEMS ITEM_TOKENS]`
+//! `cargo bench -p tally-bench --bench packed_vs_per_item [-- QUERY_TOKENS ITEMS ITEM_TOKENS]`
 //! writes `benches/results/packed_vs_per_item-cpu.json`.
 
 use std::path::PathBuf;
@@ -40,7 +40,7 @@ fn main() {
         [q, n, l] => (q, n, l),
         _ => (1000, 100, 10),
     };
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let model_name = "tied-gqa";
     let mut scorer = Scorer::<NdArray<f32>>::load(&root.join("tests/fixtures/models").join(model_name), &Default::default(), ScorerOptions::default())
         .expect("fixture model loads");

@@ -2,7 +2,8 @@
 //! random inputs with awkward shapes. Kernel outputs are poisoned with NaN before each run, so
 //! an element the kernel forgets to write fails the test.
 //!
-//! They run on wgpu's default adapter: Mesa's lavapipe in CI (`apt-get install mesa-vulkan-drivers`).
+//! They run on wgpu's default adapter: Mesa's lavapipe in CI (`apt-get install mesa-vulkan-drivers`);
+//! with feature `cuda`, on CUDA (`cargo test -p tally-shaders --features cuda`, the GPU suite).
 
 //! f16 runs in its own test binary (`kernels_f16.rs`): a CubeCL backend of another float type on
 //! the same device changes the dtype that device gives new tensors, for the whole process.
@@ -13,9 +14,8 @@ mod kernel_cases;
 
 use burn::tensor::{Tensor, TensorPrimitive};
 use kernel_cases::*;
-use tally_model::attention::PrefixKv;
 use tally_model::lm_head::{label_logprobs, LabelTable};
-use tally_model::ScoringBackend;
+use tally_model::{LayerPrefixes, QueryBatch, QueryKv, ScoringBackend};
 use tally_shaders::StreamedLabelLogprobs;
 
 fn check_attention(case: Case, seed: u64) {
@@ -84,16 +84,18 @@ fn attention_through_the_fusion_backend_matches() {
     if !gpu::gpu_or_skip("attention_through_the_fusion_backend_matches") {
         return;
     }
-    // The default `Wgpu` type goes through Burn's fusion layer: the wiring in tally-model.
-    type Fused = burn::backend::Wgpu<f32>;
+    // The default `Wgpu`/`Cuda` types go through Burn's fusion layer: the wiring in tally-model.
     let case = Case { groups: vec![(40, vec![3, 9]), (7, vec![18])], q_heads: 4, kv_heads: 2, head_dim: 32 };
-    let (queries, keys, values, prefixes) = case.inputs(7);
+    let (queries, keys, values, _) = case.inputs(7);
     let layout = case.layout();
     let (t, q, kv, d) = (layout.tokens(), case.q_heads, case.kv_heads, case.head_dim);
-    let prefixes: Vec<PrefixKv<Fused>> =
-        case.groups.iter().zip(&prefixes).map(|((len, _), (k, v))| PrefixKv { keys: tensor(k, [kv, *len, d]), values: tensor(v, [kv, *len, d]) }).collect();
-    let prefixes: Vec<&PrefixKv<Fused>> = prefixes.iter().collect();
-    let output = Fused::multi_item_attention(tensor(&queries, [t, q, d]), tensor(&keys, [t, kv, d]), tensor(&values, [t, kv, d]), &prefixes, &layout);
+    // As the model holds them: one query per group, joined by the batch on first use.
+    let batch = QueryBatch::new(case.prefixes_on::<Fused>(7).into_iter().map(|prefix| QueryKv::from_layers(vec![prefix])).collect());
+    let group_queries: Vec<usize> = (0..case.groups.len()).collect();
+    let spans: Vec<(usize, usize)> = group_queries.iter().map(|&g| batch.span(g)).collect();
+    let plan = Fused::plan_attention(&layout, &spans, q / kv, &Default::default());
+    let prefixes = LayerPrefixes::new(&batch, 0, &group_queries);
+    let output = Fused::multi_item_attention(tensor(&queries, [t, q, d]), tensor(&keys, [t, kv, d]), tensor(&values, [t, kv, d]), &prefixes, &plan);
     assert_close(&host(output), &case.expected(7), 1e-4, "fused wgpu");
 }
 
@@ -128,14 +130,14 @@ fn label_logprobs_stream_the_vocabulary() {
 }
 
 #[test]
-fn the_plain_cascade_on_wgpu_matches_the_cpu() {
-    if !gpu::gpu_or_skip("the_plain_cascade_on_wgpu_matches_the_cpu") {
+fn the_plain_cascade_on_the_gpu_matches_the_cpu() {
+    if !gpu::gpu_or_skip("the_plain_cascade_on_the_gpu_matches_the_cpu") {
         return;
     }
     // Items of different lengths, padded to the longest inside the cascade.
     for case in [Case { groups: vec![(5, vec![1, 2, 3])], q_heads: 4, kv_heads: 2, head_dim: 16 }, Case { groups: vec![(50, vec![1, 2, 3, 4, 5, 6, 7, 8])], q_heads: 4, kv_heads: 2, head_dim: 16 }] {
         let expected = case.expected(11);
-        assert_close(&case.plain_on::<Wgpu>(11), &expected, 1e-4, &format!("cube backend, {}", case.name()));
-        assert_close(&case.plain_on::<burn::backend::Wgpu>(11), &expected, 1e-4, &format!("fusion, {}", case.name()));
+        assert_close(&case.plain_on::<Gpu>(11), &expected, 1e-4, &format!("cube backend, {}", case.name()));
+        assert_close(&case.plain_on::<Fused>(11), &expected, 1e-4, &format!("fusion, {}", case.name()));
     }
 }

@@ -3,14 +3,14 @@
 //! backend, with tally's kernels and with the plain path. Kernel tests check each kernel alone;
 //! this catches what only a whole model exercises (views of fused projections, RoPE, biases).
 //!
-//! Like the kernel tests, it runs on wgpu's default adapter (lavapipe in CI).
+//! Like the kernel tests, it runs on wgpu's default adapter (lavapipe in CI), or with feature
+//! `cuda` on CUDA.
 
 #[path = "common/gpu.rs"]
 mod gpu;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use burn::backend::wgpu::WgpuRuntime;
 use burn::backend::NdArray;
 use burn_cubecl::CubeBackend;
 use tally_model::{DecoderModel, HotPaths, ItemGroup, LabelTable, ModelFiles, ScoringBackend};
@@ -26,8 +26,8 @@ fn label_logprobs<B: ScoringBackend>(model_dir: &Path, hot_paths: HotPaths) -> V
     let query: Vec<u32> = (0..23).map(token).collect();
     let items: Vec<Vec<u32>> = [1, 6, 19].iter().map(|&len| (100..100 + len).map(token).collect()).collect();
     let prefix = model.prefill(&query);
-    let group = ItemGroup { query: &prefix, items: items.iter().map(Vec::as_slice).collect() };
-    let hidden = model.last_hidden(&[group]);
+    let group = ItemGroup { query: 0, items: items.iter().map(Vec::as_slice).collect() };
+    let hidden = model.last_hidden(&model.query_batch(vec![prefix]), &[group]);
     let labels = LabelTable::new(&[&[0, 1, vocab - 1], &[2, 3, 4], &[5, vocab / 2, 6]]);
     model.label_logprobs(hidden, &labels).into_data().to_vec().expect("f32 log-probabilities")
 }
@@ -40,7 +40,9 @@ fn assert_close(got: &[f32], expected: &[f32], what: &str) {
 }
 
 fn check<B: ScoringBackend>(backend: &str) {
-    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models");
+    // Beside the sources, or where `TALLY_FIXTURES` says (a test binary carried to the GPU machine).
+    let fixtures = std::env::var_os("TALLY_FIXTURES").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures"));
+    let models = fixtures.join("models");
     let mut dirs: Vec<_> = std::fs::read_dir(&models).unwrap().map(|e| e.unwrap().path()).collect();
     dirs.sort();
     assert!(dirs.len() >= 6, "fixture models are missing");
@@ -53,16 +55,29 @@ fn check<B: ScoringBackend>(backend: &str) {
     }
 }
 
+#[cfg(not(feature = "cuda"))]
+mod runtime {
+    pub type Runtime = burn::backend::wgpu::WgpuRuntime;
+    pub type Fused = burn::backend::Wgpu;
+    pub const NAME: &str = "wgpu";
+}
+#[cfg(feature = "cuda")]
+mod runtime {
+    pub type Runtime = burn::backend::cuda::CudaRuntime;
+    pub type Fused = burn::backend::Cuda;
+    pub const NAME: &str = "cuda";
+}
+
 #[test]
 fn every_fixture_model_on_the_unfused_cube_backend_matches_the_cpu() {
     if gpu::gpu_or_skip("every_fixture_model_on_the_unfused_cube_backend_matches_the_cpu") {
-        check::<CubeBackend<WgpuRuntime, f32, i32, u32>>("wgpu, unfused");
+        check::<CubeBackend<runtime::Runtime, f32, i32, u32>>(&format!("{}, unfused", runtime::NAME));
     }
 }
 
 #[test]
 fn every_fixture_model_through_fusion_matches_the_cpu() {
     if gpu::gpu_or_skip("every_fixture_model_through_fusion_matches_the_cpu") {
-        check::<burn::backend::Wgpu>("wgpu, fusion");
+        check::<runtime::Fused>(&format!("{}, fusion", runtime::NAME));
     }
 }

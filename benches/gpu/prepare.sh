@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds what the GPU suite carries to the GPU machine (which has no cargo registry and no
-# Vulkan loader): the CUDA and the default (CPU + wgpu) `tally`, stripped and xz-packed into
-# .gpu/, and the Vulkan/GL loader packages into .gl/. Both folders are git-ignored; name them in
+# Vulkan loader): the CUDA and the default (CPU + wgpu) `tally` and the kernel tests built for
+# CUDA, stripped and xz-packed into .gpu/, and the Vulkan/GL loader packages into .gl/. Both folders are git-ignored; name them in
 # the device run's `carry`. Then, there: `benches/gpu/suite.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,6 +14,12 @@ for build in "cuda --no-default-features --features cuda" "wgpu"; do
     strip -o ".gpu/tally-$name" "$CARGO_TARGET_DIR/release/tally"
     xz -T0 -6 -f ".gpu/tally-$name"
 done
+# The kernel tests, built for CUDA: each kernel alone, then every fixture model's forward pass.
+cargo test --release --locked -p tally-shaders --features cuda --no-run --message-format=json | benches/gpu/test_executables.py |
+    while read -r name path; do
+        strip -o ".gpu/test-$name" "$path"
+        xz -T0 -6 -f ".gpu/test-$name"
+    done
 if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
     apt_amd64="-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64"
     mkdir -p /tmp/amd64/partial

@@ -6,7 +6,7 @@
 #   TALLY_SUITE_DRY_RUN=1 benches/gpu/suite.sh   # here, on the CPU with the tiny preset
 #
 # Stages (TALLY_SUITE_STAGES, default all; the headline numbers first): env scenario peers attention
-# fixtures load wgpu. TALLY_SUITE_DTYPES, TALLY_SUITE_CASES and TALLY_SUITE_PEER_SCENARIOS narrow them.
+# fixtures kernels load wgpu. TALLY_SUITE_DTYPES, TALLY_SUITE_CASES and TALLY_SUITE_PEER_SCENARIOS narrow them.
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,7 +16,7 @@ repo=$PWD
 OUT=${OUT:-$repo/target/gpu-suite}
 out=/tmp/tally-suite/results
 rm -rf "$out" && mkdir -p "$OUT" "$out"
-stages=${TALLY_SUITE_STAGES:-env scenario peers attention fixtures load wgpu}
+stages=${TALLY_SUITE_STAGES:-env scenario peers attention fixtures kernels load wgpu}
 dry=${TALLY_SUITE_DRY_RUN:-0}
 bin=/tmp/tally-suite
 mkdir -p $bin
@@ -101,6 +101,30 @@ scenario_stage() {
     return $ok
 }
 
+# The kernel tests on CUDA (built by prepare.sh): each kernel alone against the plain path, then
+# every fixture model's forward, unfused and through fusion. The rehearsal lists the same tests
+# built for wgpu (`cargo test` already ran them).
+kernels_stage() {
+    local ok=0 name path
+    if [ "$dry" = 1 ]; then
+        cargo test --release --locked -p tally-shaders --no-run --message-format=json 2>/dev/null | benches/gpu/test_executables.py
+    else
+        for packed in .gpu/test-*.xz; do
+            name=$(basename "$packed" .xz); name=${name#test-}
+            xz -dc "$packed" >"$bin/test-$name" && chmod +x "$bin/test-$name" && echo "$name $bin/test-$name"
+        done
+    fi >"$out/kernel-tests.txt"
+    [ -s "$out/kernel-tests.txt" ] || { echo "no kernel test executables"; return 1; }
+    while read -r name path; do
+        if [ "$dry" = 1 ]; then
+            "$path" --list || ok=1
+        else
+            TALLY_FIXTURES=$repo/tests/fixtures "$path" --test-threads 1 2>&1 | tee "$out/kernels-$name.log" || ok=1
+        fi
+    done <"$out/kernel-tests.txt"
+    return $ok
+}
+
 # The same GPU through wgpu (Vulkan): correctness, one layer's attention, and S1 in float32
 # against CUDA float32 from the stages above.
 wgpu_stage() {
@@ -144,6 +168,7 @@ stage scenario scenario_stage
 stage peers peers_stage
 stage attention attention_stage
 stage fixtures fixtures_stage
+stage kernels kernels_stage
 stage load load_stage
 stage wgpu wgpu_stage
 echo "suite: $failures stage(s) failed; results in $OUT/suite-results.tgz"

@@ -128,12 +128,8 @@ fn on_gpu<R>(kind: BackendKind, job: impl FnOnce() -> Result<R>) -> Result<R> {
 pub fn device_name(backend: BackendKind) -> String {
     let gpu = std::process::Command::new("nvidia-smi").args(["--query-gpu=name", "--format=csv,noheader"]).output().ok();
     let gpu = gpu.filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").trim().to_owned());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| {
-        info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|name| name.trim().to_owned())
-    });
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     match (backend, gpu) {
-        (BackendKind::Cpu, _) | (_, None) => format!("{} ({threads} threads)", cpu.unwrap_or_else(|| "unknown CPU".into())),
+        (BackendKind::Cpu, _) | (_, None) => tally_bench::report::cpu_name(),
         (_, Some(gpu)) => gpu,
     }
 }

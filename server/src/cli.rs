@@ -47,102 +47,32 @@ pub struct MakeModelArgs {
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// Poisson load against a running server's /v1/score; prints latency percentiles and items/s.
-    Load(LoadArgs),
+    Load(tally_bench::load::LoadArgs),
     /// The seed benchmark scenarios (S1, S2) through the engine: items/s, ms per item, seconds.
-    Scenario(ScenarioArgs),
+    Scenario(ScenarioCommand),
     /// One layer's multi-item attention, every route (`--attention`), against dense-masked attention.
-    Attention(AttentionBenchArgs),
+    Attention(AttentionCommand),
     /// Starts `tally serve` and runs mixed valid and invalid load at a multiple of its capacity
     /// for minutes; reports requests lost, status counts and the RSS slope.
-    Soak(SoakArgs),
+    Soak(tally_bench::soak::SoakArgs),
 }
 
+/// `tally bench scenario`: the benchmark's flags and the backend's.
 #[derive(Args)]
-pub struct SoakArgs {
-    /// The model to serve (as `tally serve --model`).
-    #[arg(long)]
-    pub model: String,
-    /// More `tally serve` arguments, space-separated (e.g. "--backend wgpu --max-queue 64").
-    #[arg(long, default_value = "", allow_hyphen_values = true)]
-    pub serve_args: String,
-    #[arg(long, default_value_t = 10.0)]
-    pub minutes: f64,
-    /// Offered load as a multiple of the measured capacity.
-    #[arg(long, default_value_t = 2.0)]
-    pub overload: f64,
-    /// Share of requests that are invalid (of 12 kinds, from bad JSON to bad HTTP).
-    #[arg(long, default_value_t = 0.3)]
-    pub invalid_fraction: f64,
-    /// Seconds of back-to-back requests that measure the capacity.
-    #[arg(long, default_value_t = 20.0)]
-    pub calibrate_secs: f64,
-    /// Clients sending back to back while measuring the capacity.
-    #[arg(long, default_value_t = 4)]
-    pub clients: usize,
-    #[arg(long, default_value_t = 100)]
-    pub prompt_tokens: usize,
-    #[arg(long, default_value_t = 10)]
-    pub items_per_request: usize,
-    #[arg(long, default_value_t = 10)]
-    pub item_tokens: usize,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Where to write the JSON result (also printed).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-}
-
-/// Defaults: seed scenario 1 (2,020-token query, 500 items of 20 tokens), Qwen3-0.6B's heads.
-#[derive(Args)]
-pub struct AttentionBenchArgs {
-    #[arg(long, default_value_t = 2020)]
-    pub prefix: usize,
-    #[arg(long, default_value_t = 500)]
-    pub items: usize,
-    #[arg(long, default_value_t = 20)]
-    pub item_len: usize,
-    #[arg(long, default_value_t = 16)]
-    pub q_heads: usize,
-    #[arg(long, default_value_t = 8)]
-    pub kv_heads: usize,
-    #[arg(long, default_value_t = 128)]
-    pub head_dim: usize,
-    /// Timed runs of each variant (after one warm-up); the median is reported.
-    #[arg(long, default_value_t = 5)]
-    pub iterations: usize,
+pub struct ScenarioCommand {
+    #[command(flatten)]
+    pub bench: tally_bench::scenario::ScenarioArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// Where to write the JSON result (also printed).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Scenario {
-    /// 2,000-token static prefix + 20-token dynamic suffix, items of 20 tokens.
-    S1,
-    /// 1,900-token static prefix + 10-token dynamic suffix, items of 10 tokens.
-    S2,
-}
-
+/// `tally bench attention`: the benchmark's flags and the backend's.
 #[derive(Args)]
-pub struct ScenarioArgs {
-    #[arg(long)]
-    pub model: PathBuf,
-    #[arg(long, value_enum)]
-    pub scenario: Scenario,
-    /// Requests to run; the first is the cold one, the rest give the warm median.
-    #[arg(long, default_value_t = 5)]
-    pub requests: usize,
-    #[arg(long, default_value_t = 500)]
-    pub items: usize,
+pub struct AttentionCommand {
+    #[command(flatten)]
+    pub bench: tally_bench::attention::AttentionArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
-    #[arg(long, default_value_t = tally_core::PassBudget::default().max_tokens)]
-    pub max_batch_tokens: usize,
-    /// Where to write the JSON result.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -282,29 +212,4 @@ impl RerankArgs {
             no: self.rerank_no.clone(),
         }
     }
-}
-
-#[derive(Args)]
-pub struct LoadArgs {
-    /// Base URL of a running tally (or any /v1/score) server.
-    #[arg(long, default_value = "http://127.0.0.1:8000")]
-    pub url: String,
-    /// Mean requests per second (Poisson arrivals).
-    #[arg(long, default_value_t = 4.0)]
-    pub qps: f64,
-    /// Seconds to send requests for.
-    #[arg(long, default_value_t = 10.0)]
-    pub duration: f64,
-    #[arg(long, default_value_t = 100)]
-    pub items_per_request: usize,
-    /// Query tokens per request.
-    #[arg(long, default_value_t = 1000)]
-    pub prompt_tokens: usize,
-    #[arg(long, default_value_t = 10)]
-    pub item_tokens: usize,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Where to write the JSON summary.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
 }

@@ -30,26 +30,56 @@ const MAX_CUBES_PER_DIM: usize = 65_535;
 /// Below any real score, and finite: WGSL cannot spell −∞.
 const NO_SCORE: f32 = -1.0e30;
 
+/// Where one pass's items sit, as the kernel reads it: the tiles (runs of consecutive items that
+/// share a prefix, cut to one cube's rows) and every token's item start, on the device. Built
+/// once per pass and read by every layer.
+pub struct AttentionTiles<R: CubeRuntime> {
+    tiles: CubeTensor<R>,
+    item_starts: CubeTensor<R>,
+    tile_count: usize,
+    tokens: usize,
+    group: usize,
+}
+
+impl<R: CubeRuntime> AttentionTiles<R> {
+    /// - `item_offsets`: item `i` owns tokens `item_offsets[i]..item_offsets[i + 1]`.
+    /// - `item_prefixes`: (first token, length) of item `i`'s prefix in the prefix K/V the
+    ///   attention calls will read; items that share a prefix are adjacent.
+    /// - `group`: query heads per KV head.
+    pub fn new(client: &ComputeClient<R>, device: &R::Device, item_offsets: &[usize], item_prefixes: &[(usize, usize)], group: usize) -> Self {
+        assert_eq!(item_prefixes.len() + 1, item_offsets.len(), "one prefix per item");
+        let tokens_per_tile = (ROWS_PER_CUBE / group).max(1);
+        let (tiles, item_starts) = tiles(item_offsets, item_prefixes, tokens_per_tile);
+        let tile_count = tiles.len() / 4;
+        let upload = |mut values: Vec<u32>| {
+            // A buffer can't be empty (a pass without tokens launches nothing, but still plans).
+            if values.is_empty() {
+                values.push(0);
+            }
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            CubeTensor::new_contiguous(client.clone(), device.clone(), Shape::new([values.len()]), client.create_from_slice(&bytes), DType::U32)
+        };
+        AttentionTiles { tiles: upload(tiles), item_starts: upload(item_starts), tile_count, tokens: item_offsets.last().copied().unwrap_or(0), group }
+    }
+}
+
 /// The inputs of one multi-item attention call.
 ///
 /// - `queries`: `[tokens, q_heads, head_dim]`; `keys`, `values`: `[tokens, kv_heads, head_dim]`
 ///   (the items' own K/V, packed like the queries).
 /// - `prefix_keys`, `prefix_values`: `[kv_heads, prefix_tokens, head_dim]`, the prefixes of
 ///   every request of the call one after the other (at least one token; pad an empty one).
-/// - `item_offsets`: item `i` owns tokens `item_offsets[i]..item_offsets[i + 1]`.
-/// - `item_prefixes`: (first token, length) of item `i`'s prefix in `prefix_keys`/`values`;
-///   items that share a prefix are adjacent.
-pub struct MultiItemAttention<R: CubeRuntime> {
+/// - `tiles`: the pass's items and where each finds its prefix in `prefix_keys`/`values`.
+pub struct MultiItemAttention<'a, R: CubeRuntime> {
     pub queries: CubeTensor<R>,
     pub keys: CubeTensor<R>,
     pub values: CubeTensor<R>,
     pub prefix_keys: CubeTensor<R>,
     pub prefix_values: CubeTensor<R>,
-    pub item_offsets: Vec<usize>,
-    pub item_prefixes: Vec<(usize, usize)>,
+    pub tiles: &'a AttentionTiles<R>,
 }
 
-impl<R: CubeRuntime> MultiItemAttention<R> {
+impl<R: CubeRuntime> MultiItemAttention<'_, R> {
     /// `[tokens, q_heads, head_dim]`, in the queries' dtype.
     pub fn run(self) -> CubeTensor<R> {
         let queries = &self.queries;
@@ -63,36 +93,29 @@ impl<R: CubeRuntime> MultiItemAttention<R> {
     pub fn run_into(self, output: &CubeTensor<R>) {
         let [tokens, q_heads, head_dim] = self.queries.shape().dims::<3>();
         let kv_heads = self.keys.shape()[1];
-        assert!(q_heads.is_multiple_of(kv_heads), "query heads ({q_heads}) must be a multiple of KV heads ({kv_heads})");
-        assert_eq!(self.item_offsets.last().copied(), Some(tokens), "item offsets must cover the tokens");
-        assert_eq!(self.item_prefixes.len() + 1, self.item_offsets.len(), "one prefix per item");
+        let tiles = self.tiles;
+        assert_eq!(q_heads, kv_heads * tiles.group, "query heads must be {} per KV head, as planned", tiles.group);
+        assert_eq!(tiles.tokens, tokens, "the tiles must cover the tokens");
         assert!(output.is_contiguous(), "the attention output must be contiguous");
         if tokens == 0 {
             return;
         }
-        let group = q_heads / kv_heads;
+        let group = tiles.group;
         let tokens_per_tile = (ROWS_PER_CUBE / group).max(1);
-        let (tiles, item_starts) = tiles(&self.item_offsets, &self.item_prefixes, tokens_per_tile);
-        let tile_count = tiles.len() / 4;
         let client = self.queries.client.clone();
-        let device = self.queries.device.clone();
         let dtype = self.queries.dtype;
-        let upload = |values: Vec<u32>| {
-            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            CubeTensor::new_contiguous(client.clone(), device.clone(), Shape::new([values.len()]), client.create_from_slice(&bytes), DType::U32)
-        };
-        let columns = tile_count.min(MAX_CUBES_PER_DIM);
+        let columns = tiles.tile_count.min(MAX_CUBES_PER_DIM);
         multi_item_attention_kernel::launch::<R>(
             &client,
-            CubeCount::Static(columns as u32, tile_count.div_ceil(columns) as u32, kv_heads as u32),
+            CubeCount::Static(columns as u32, tiles.tile_count.div_ceil(columns) as u32, kv_heads as u32),
             CubeDim::new_1d((tokens_per_tile * group) as u32),
             into_contiguous(self.queries).into_tensor_arg(),
             into_contiguous(self.keys).into_tensor_arg(),
             into_contiguous(self.values).into_tensor_arg(),
             into_contiguous(self.prefix_keys).into_tensor_arg(),
             into_contiguous(self.prefix_values).into_tensor_arg(),
-            upload(tiles).into_tensor_arg(),
-            upload(item_starts).into_tensor_arg(),
+            tiles.tiles.clone().into_tensor_arg(),
+            tiles.item_starts.clone().into_tensor_arg(),
             output.clone().into_tensor_arg(),
             (head_dim as f32).powf(-0.5),
             head_dim,
@@ -264,5 +287,25 @@ fn multi_item_attention_kernel<F: Float>(
         for e in 0..head_dim {
             output[row + e] = F::cast_from(acc[e] / running_sum);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tiles;
+
+    #[test]
+    fn tiles_join_small_items_of_one_prefix_and_split_long_ones() {
+        // Items of 3, 2 and 7 tokens on prefix (0, 10), then 1 token on prefix (10, 4); 5 tokens per tile.
+        let (tiles, starts) = tiles(&[0, 3, 5, 12, 13], &[(0, 10), (0, 10), (0, 10), (10, 4)], 5);
+        let tiles: Vec<&[u32]> = tiles.chunks(4).collect();
+        assert_eq!(tiles, [&[0, 5, 0, 10][..], &[5, 10, 0, 10], &[10, 12, 0, 10], &[12, 13, 10, 4]]);
+        assert_eq!(starts, [0, 0, 0, 3, 3, 5, 5, 5, 5, 5, 5, 5, 12]);
+    }
+
+    #[test]
+    fn tiles_never_mix_prefixes() {
+        let (tiles, _) = tiles(&[0, 1, 2], &[(0, 3), (3, 3)], 8);
+        assert_eq!(tiles, [0, 1, 0, 3, 1, 2, 3, 3]);
     }
 }

@@ -10,5 +10,5 @@
 pub mod attention;
 pub mod label_logprobs;
 
-pub use attention::MultiItemAttention;
+pub use attention::{AttentionTiles, MultiItemAttention};
 pub use label_logprobs::StreamedLabelLogprobs;

@@ -3,17 +3,30 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
-use burn::backend::wgpu::WgpuRuntime;
 use burn::backend::NdArray;
 use burn::tensor::{backend::Backend, Tensor, TensorData, TensorPrimitive};
+use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::{tensor::CubeTensor, CubeBackend, CubeRuntime, FloatElement};
-use tally_model::attention::{multi_item_attention, PrefixKv};
+use tally_model::attention::{multi_item_attention, PaddedPlan, PrefixKv};
 use tally_model::ItemLayout;
-use tally_shaders::MultiItemAttention;
+use tally_shaders::{AttentionTiles, MultiItemAttention};
 
 pub type Reference = NdArray<f32>;
-pub type Wgpu<F = f32> = CubeBackend<WgpuRuntime, F, i32, u32>;
-pub type Gpu = Wgpu;
+
+/// The runtime the kernels are tested on: wgpu's default adapter (lavapipe in CI), or CUDA with
+/// feature `cuda` (the GPU suite).
+#[cfg(not(feature = "cuda"))]
+pub type GpuRuntime = burn::backend::wgpu::WgpuRuntime;
+#[cfg(feature = "cuda")]
+pub type GpuRuntime = burn::backend::cuda::CudaRuntime;
+
+/// The plain CubeCL backend (what the browser runs), float type `F`.
+pub type Gpu<F = f32> = CubeBackend<GpuRuntime, F, i32, u32>;
+/// The same through Burn's fusion layer (what `--backend wgpu` / `cuda` runs).
+#[cfg(not(feature = "cuda"))]
+pub type Fused = burn::backend::Wgpu<f32>;
+#[cfg(feature = "cuda")]
+pub type Fused = burn::backend::Cuda<f32>;
 
 /// Seeded uniform values in `[-scale, scale)`.
 pub fn random(seed: u64, count: usize, scale: f32) -> Vec<f32> {
@@ -40,9 +53,9 @@ pub fn cube<R: CubeRuntime, F: FloatElement, const D: usize>(tensor: Tensor<Cube
     tensor.into_primitive().tensor()
 }
 
-pub fn poisoned<F: FloatElement, const D: usize>(shape: [usize; D]) -> CubeTensor<WgpuRuntime> {
+pub fn poisoned<F: FloatElement, const D: usize>(shape: [usize; D]) -> CubeTensor<GpuRuntime> {
     let count = shape.iter().product();
-    cube(tensor::<Wgpu<F>, D>(&vec![f32::NAN; count], shape))
+    cube(tensor::<Gpu<F>, D>(&vec![f32::NAN; count], shape))
 }
 
 /// `max |got − expected| / max |expected|`; NaN anywhere fails.
@@ -92,55 +105,67 @@ impl Case {
     pub fn expected(&self, seed: u64) -> Vec<f32> {
         self.plain_on::<Reference>(seed)
     }
-    /// The kernel in float type `F`, called directly with a poisoned output.
-    pub fn kernel<F: FloatElement>(&self, seed: u64) -> Vec<f32> {
-        let (queries, keys, values, prefixes) = self.inputs(seed);
-        let layout = self.layout();
-        let (t, q, kv, d) = (layout.tokens(), self.q_heads, self.kv_heads, self.head_dim);
-        // Prefixes end to end along the token axis ([kv, Σ len, d]); at least one token.
-        let total: usize = self.groups.iter().map(|(len, _)| len).sum();
-        let mut starts = Vec::new();
-        let (mut joined_keys, mut joined_values) = (vec![0.0; kv * total.max(1) * d], vec![0.0; kv * total.max(1) * d]);
+    /// Every group's prefix end to end along the token axis (`[kv, Σ len, d]`, at least one
+    /// token, as the model joins them), and each group's (first token, length) in it.
+    #[allow(clippy::type_complexity)]
+    pub fn joined_prefixes(&self, seed: u64) -> (Vec<f32>, Vec<f32>, usize, Vec<(usize, usize)>) {
+        let (_, _, _, prefixes) = self.inputs(seed);
+        let (kv, d) = (self.kv_heads, self.head_dim);
+        let total = self.groups.iter().map(|(len, _)| len).sum::<usize>().max(1);
+        let (mut keys, mut values) = (vec![0.0; kv * total * d], vec![0.0; kv * total * d]);
+        let mut spans = Vec::new();
         let mut start = 0;
         for ((len, _), (k, v)) in self.groups.iter().zip(&prefixes) {
             for head in 0..kv {
-                let to = (head * total.max(1) + start) * d;
-                joined_keys[to..to + len * d].copy_from_slice(&k[head * len * d..(head + 1) * len * d]);
-                joined_values[to..to + len * d].copy_from_slice(&v[head * len * d..(head + 1) * len * d]);
+                let to = (head * total + start) * d;
+                keys[to..to + len * d].copy_from_slice(&k[head * len * d..(head + 1) * len * d]);
+                values[to..to + len * d].copy_from_slice(&v[head * len * d..(head + 1) * len * d]);
             }
-            starts.push(start);
+            spans.push((start, *len));
             start += len;
         }
-        let item_prefixes = layout.item_groups().map(|g| (starts[g], self.groups[g].0)).collect();
+        (keys, values, total, spans)
+    }
+
+    /// The kernel in float type `F`, called directly with a poisoned output.
+    pub fn kernel<F: FloatElement>(&self, seed: u64) -> Vec<f32> {
+        let (queries, keys, values, _) = self.inputs(seed);
+        let (prefix_keys, prefix_values, total, spans) = self.joined_prefixes(seed);
+        let layout = self.layout();
+        let (t, q, kv, d) = (layout.tokens(), self.q_heads, self.kv_heads, self.head_dim);
+        let item_prefixes: Vec<(usize, usize)> = layout.item_groups().map(|g| spans[g]).collect();
+        let device = Default::default();
+        let tiles = AttentionTiles::<GpuRuntime>::new(&GpuRuntime::client(&device), &device, layout.offsets(), &item_prefixes, q / kv);
         let output = poisoned::<F, 3>([t, q, d]);
         MultiItemAttention {
-            queries: cube(tensor::<Wgpu<F>, 3>(&queries, [t, q, d])),
-            keys: cube(tensor::<Wgpu<F>, 3>(&keys, [t, kv, d])),
-            values: cube(tensor::<Wgpu<F>, 3>(&values, [t, kv, d])),
-            prefix_keys: cube(tensor::<Wgpu<F>, 3>(&joined_keys, [kv, total.max(1), d])),
-            prefix_values: cube(tensor::<Wgpu<F>, 3>(&joined_values, [kv, total.max(1), d])),
-            item_offsets: layout.offsets().to_vec(),
-            item_prefixes,
+            queries: cube(tensor::<Gpu<F>, 3>(&queries, [t, q, d])),
+            keys: cube(tensor::<Gpu<F>, 3>(&keys, [t, kv, d])),
+            values: cube(tensor::<Gpu<F>, 3>(&values, [t, kv, d])),
+            prefix_keys: cube(tensor::<Gpu<F>, 3>(&prefix_keys, [kv, total, d])),
+            prefix_values: cube(tensor::<Gpu<F>, 3>(&prefix_values, [kv, total, d])),
+            tiles: &tiles,
         }
         .run_into(&output);
-        host(Tensor::<Wgpu<F>, 3>::from_primitive(TensorPrimitive::Float(output)))
+        host(Tensor::<Gpu<F>, 3>::from_primitive(TensorPrimitive::Float(output)))
     }
 }
 
 
 impl Case {
+    /// Each group's prefix on backend `B`.
+    pub fn prefixes_on<B: Backend>(&self, seed: u64) -> Vec<PrefixKv<B>> {
+        let (_, _, _, prefixes) = self.inputs(seed);
+        let (kv, d) = (self.kv_heads, self.head_dim);
+        self.groups.iter().zip(&prefixes).map(|((len, _), (k, v))| PrefixKv { keys: tensor(k, [kv, *len, d]), values: tensor(v, [kv, *len, d]) }).collect()
+    }
+
     /// The plain Burn path (the cascade) on backend `B`.
     pub fn plain_on<B: Backend>(&self, seed: u64) -> Vec<f32> {
-        let (queries, keys, values, prefixes) = self.inputs(seed);
+        let (queries, keys, values, _) = self.inputs(seed);
         let layout = self.layout();
         let (t, q, kv, d) = (layout.tokens(), self.q_heads, self.kv_heads, self.head_dim);
-        let prefixes: Vec<PrefixKv<B>> = self
-            .groups
-            .iter()
-            .zip(&prefixes)
-            .map(|((len, _), (k, v))| PrefixKv { keys: tensor(k, [kv, *len, d]), values: tensor(v, [kv, *len, d]) })
-            .collect();
-        let prefixes: Vec<&PrefixKv<B>> = prefixes.iter().collect();
-        host(multi_item_attention(tensor::<B, 3>(&queries, [t, q, d]), tensor(&keys, [t, kv, d]), tensor(&values, [t, kv, d]), &prefixes, &layout))
+        let prefixes = self.prefixes_on::<B>(seed);
+        let plan = PaddedPlan::new(&layout, q / kv, &Default::default());
+        host(multi_item_attention(tensor::<B, 3>(&queries, [t, q, d]), tensor(&keys, [t, kv, d]), tensor(&values, [t, kv, d]), &prefixes.iter().collect::<Vec<_>>(), &plan))
     }
 }

@@ -140,6 +140,7 @@ impl<B: ScoringBackend> Scorer<B> {
                 if input.item_first || dropped[r] { self.model.empty_query() } else { self.query_kv(&input.query) }
             })
             .collect();
+        let queries = self.model.query_batch(queries);
         let sequences: Vec<Vec<Cow<[u32]>>> = inputs
             .iter()
             .map(|input| {
@@ -152,7 +153,7 @@ impl<B: ScoringBackend> Scorer<B> {
             .collect();
         // (request, item) for every item of the batch.
         let entries: Vec<(usize, usize)> = sequences.iter().enumerate().flat_map(|(r, items)| (0..items.len()).map(move |i| (r, i))).collect();
-        let shapes: Vec<ItemShape> = entries.iter().map(|&(r, i)| ItemShape { prefix_len: queries[r].len(), len: sequences[r][i].len(), group: r, labels: inputs[r].labels.len() }).collect();
+        let shapes: Vec<ItemShape> = entries.iter().map(|&(r, i)| ItemShape { prefix_len: queries.query_len(r), len: sequences[r][i].len(), group: r, labels: inputs[r].labels.len() }).collect();
 
         let mut scores: Vec<Vec<Vec<f64>>> = inputs.iter().map(|input| vec![Vec::new(); input.items.len()]).collect();
         for mut pass in plan_passes(&shapes, self.options.pass_budget) {
@@ -166,14 +167,14 @@ impl<B: ScoringBackend> Scorer<B> {
             // Items of one request must be adjacent: they form one prefix group.
             pass.sort_by_key(|&e| entries[e].0);
             let runs: Vec<&[usize]> = pass.chunk_by(|&a, &b| entries[a].0 == entries[b].0).collect();
-            let groups: Vec<ItemGroup<B>> = runs
+            let groups: Vec<ItemGroup> = runs
                 .iter()
                 .map(|run| {
                     let request = entries[run[0]].0;
-                    ItemGroup { query: &queries[request], items: run.iter().map(|&e| &*sequences[request][entries[e].1]).collect() }
+                    ItemGroup { query: request, items: run.iter().map(|&e| &*sequences[request][entries[e].1]).collect() }
                 })
                 .collect();
-            let hidden = self.model.last_hidden(&groups);
+            let hidden = self.model.last_hidden(&queries, &groups);
             let row_labels: Vec<&[u32]> = runs.iter().flat_map(|run| std::iter::repeat_n(&*inputs[entries[run[0]].0].labels, run.len())).collect();
             let labels = LabelTable::new(&row_labels);
             // One sweep over the vocabulary serves every row of the pass: rows that want only

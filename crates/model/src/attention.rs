@@ -1,7 +1,8 @@
 //! Multi-item attention in plain Burn ops: the reference path, and the CPU path.
 //!
 //! Items arrive packed (`[tokens, heads, head_dim]`, see [`ItemLayout`]); this path pads them
-//! to a common length `L` as `[N, L]` and back. Items come in groups, each group sharing one
+//! to a common length `L` as `[N, L]` and back, with gathers planned once per pass
+//! ([`PaddedPlan`]). Items come in groups, each group sharing one
 //! prefix (the query of one request). An item row attends to (a) every key of its group's
 //! prefix and (b) its own item's keys up to itself. The two parts are computed separately,
 //! each with its log-sum-exp, and merged exactly (cascade attention), so no mask over
@@ -30,6 +31,43 @@ impl<B: Backend> PrefixKv<B> {
     }
 }
 
+/// What the padded path computes once per pass and every layer reuses: the gathers between
+/// packed and padded rows and the causal mask.
+pub struct PaddedPlan<B: Backend> {
+    /// Padded slot (n, k) reads packed row `offsets[n] + min(k, len_n − 1)`.
+    padded_rows: Tensor<B, 1, Int>,
+    /// Packed row `offsets[n] + k` reads padded slot `n·L + k`.
+    packed_rows: Tensor<B, 1, Int>,
+    causal_bias: Tensor<B, 2>,
+    /// Items per group.
+    group_sizes: Vec<usize>,
+    items: usize,
+    len: usize,
+}
+
+impl<B: Backend> PaddedPlan<B> {
+    /// `group`: query heads per KV head.
+    pub fn new(layout: &ItemLayout, group: usize, device: &B::Device) -> Self {
+        let (items, len) = (layout.items(), layout.max_item_len());
+        let padded_rows: Vec<i64> = (0..items)
+            .flat_map(|n| (0..len).map(move |k| (layout.offsets()[n] + k.min(layout.item_len(n) - 1)) as i64))
+            .collect();
+        let packed_rows: Vec<i64> = (0..items).flat_map(|n| (0..layout.item_len(n)).map(move |k| (n * len + k) as i64)).collect();
+        let index = |rows: Vec<i64>| {
+            let count = rows.len();
+            Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [count]), device)
+        };
+        PaddedPlan {
+            padded_rows: index(padded_rows),
+            packed_rows: index(packed_rows),
+            causal_bias: causal_bias(len, group, device),
+            group_sizes: layout.group_sizes().collect(),
+            items,
+            len,
+        }
+    }
+}
+
 /// Attention output with its per-row log-sum-exp, both item-major: `[N, kv, rows, d]`, `[N, kv, rows, 1]`.
 struct Partial<B: Backend> {
     output: Tensor<B, 4>,
@@ -37,45 +75,21 @@ struct Partial<B: Backend> {
 }
 
 /// `queries`: `[tokens, q_heads, head_dim]`; `keys`/`values`: `[tokens, kv_heads, head_dim]`,
-/// packed as `layout` says; `prefixes[g]` is group `g`'s prefix. Returns `[tokens, q_heads, head_dim]`.
-pub fn multi_item_attention<B: Backend>(
-    queries: Tensor<B, 3>,
-    keys: Tensor<B, 3>,
-    values: Tensor<B, 3>,
-    prefixes: &[&PrefixKv<B>],
-    layout: &ItemLayout,
-) -> Tensor<B, 3> {
+/// packed as planned; `prefixes[g]` is group `g`'s prefix. Returns `[tokens, q_heads, head_dim]`.
+pub fn multi_item_attention<B: Backend>(queries: Tensor<B, 3>, keys: Tensor<B, 3>, values: Tensor<B, 3>, prefixes: &[&PrefixKv<B>], plan: &PaddedPlan<B>) -> Tensor<B, 3> {
     let [tokens, q_heads, head_dim] = queries.dims();
-    let (items, len) = (layout.items(), layout.max_item_len());
-    let device = queries.device();
-    // Padded slot (n, k) reads packed row offsets[n] + min(k, len_n − 1).
-    let padded_rows: Vec<i64> = (0..items)
-        .flat_map(|n| (0..len).map(move |k| (layout.offsets()[n] + k.min(layout.item_len(n) - 1)) as i64))
-        .collect();
-    let packed_rows: Vec<i64> = (0..items).flat_map(|n| (0..layout.item_len(n)).map(move |k| (n * len + k) as i64)).collect();
-    let index = |rows: Vec<i64>| {
-        let count = rows.len();
-        Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [count]), &device)
-    };
-    let padded_rows = index(padded_rows);
+    let (items, len) = (plan.items, plan.len);
     let pad = |t: Tensor<B, 3>| {
         let heads = t.dims()[1];
-        t.select(0, padded_rows.clone()).reshape([items, len, heads, head_dim])
+        t.select(0, plan.padded_rows.clone()).reshape([items, len, heads, head_dim])
     };
-    let groups: Vec<(&PrefixKv<B>, usize)> = prefixes.iter().copied().zip(layout.group_sizes()).collect();
-    let padded = padded_attention(pad(queries), pad(keys), pad(values), &groups);
-    padded.reshape([items * len, q_heads, head_dim]).select(0, index(packed_rows)).reshape([tokens, q_heads, head_dim])
+    let padded = padded_attention(pad(queries), pad(keys), pad(values), prefixes, plan);
+    padded.reshape([items * len, q_heads, head_dim]).select(0, plan.packed_rows.clone()).reshape([tokens, q_heads, head_dim])
 }
 
 /// `queries`: `[N, L, q_heads, head_dim]`; `keys`/`values`: `[N, L, kv_heads, head_dim]`.
-/// `groups`: consecutive runs of items and the prefix they share, covering all `N` items.
 /// Returns `[N, L, q_heads * head_dim]`.
-fn padded_attention<B: Backend>(
-    queries: Tensor<B, 4>,
-    keys: Tensor<B, 4>,
-    values: Tensor<B, 4>,
-    groups: &[(&PrefixKv<B>, usize)],
-) -> Tensor<B, 3> {
+fn padded_attention<B: Backend>(queries: Tensor<B, 4>, keys: Tensor<B, 4>, values: Tensor<B, 4>, prefixes: &[&PrefixKv<B>], plan: &PaddedPlan<B>) -> Tensor<B, 3> {
     let [items, len, q_heads, head_dim] = queries.dims();
     let kv_heads = keys.dims()[2];
     let group = q_heads / kv_heads;
@@ -84,11 +98,12 @@ fn padded_attention<B: Backend>(
     // Query heads of one KV head are adjacent, so a [.., L, kv, group, d] view puts every row
     // that shares a KV head next to each other: GQA without repeating K/V.
     let queries = queries.mul_scalar(scale).reshape([items, len, kv_heads, group, head_dim]).swap_dims(1, 2); // [N, kv, L, g, d]
-    let own = own_item_attention(queries.clone(), keys.swap_dims(1, 2), values.swap_dims(1, 2));
-    let output = if groups.iter().all(|(prefix, _)| prefix.is_empty()) {
+    let own = own_item_attention(queries.clone(), keys.swap_dims(1, 2), values.swap_dims(1, 2), &plan.causal_bias);
+    let output = if prefixes.iter().all(|prefix| prefix.is_empty()) {
         own.output
     } else {
-        let prefix = prefix_attention(queries, groups);
+        let groups: Vec<(&PrefixKv<B>, usize)> = prefixes.iter().copied().zip(plan.group_sizes.iter().copied()).collect();
+        let prefix = prefix_attention(queries, &groups);
         // Exact merge of two softmax-normalised parts by their log-sum-exps.
         let max = own.lse.clone().max_pair(prefix.lse.clone());
         let own_weight = (own.lse - max.clone()).exp();
@@ -100,10 +115,10 @@ fn padded_attention<B: Backend>(
 }
 
 /// Each item against its own keys, causally. `queries`: `[N, kv, L, g, d]`, keys/values `[N, kv, L, d]`.
-fn own_item_attention<B: Backend>(queries: Tensor<B, 5>, keys: Tensor<B, 4>, values: Tensor<B, 4>) -> Partial<B> {
+fn own_item_attention<B: Backend>(queries: Tensor<B, 5>, keys: Tensor<B, 4>, values: Tensor<B, 4>, causal_bias: &Tensor<B, 2>) -> Partial<B> {
     let [items, kv_heads, len, group, head_dim] = queries.dims();
     let queries = queries.reshape([items, kv_heads, len * group, head_dim]);
-    let scores = queries.matmul(keys.swap_dims(2, 3)) + causal_bias::<B>(len, group, &values.device()).unsqueeze::<4>();
+    let scores = queries.matmul(keys.swap_dims(2, 3)) + causal_bias.clone().unsqueeze::<4>();
     let (output, lse) = softmax_times_values(scores, values);
     Partial { output, lse }
 }

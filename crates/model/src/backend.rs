@@ -1,25 +1,33 @@
-//! The two hot paths of scoring, as backend operations: plain Burn ops by default (the CPU
-//! path and the reference), CubeCL kernels on CubeCL backends (feature `cubecl`, see
-//! [`crate::cube`]).
+//! The two hot paths of scoring, as backend operations: plain Burn ops on the CPU (the
+//! reference), CubeCL kernels on CubeCL backends (feature `cubecl`, see [`crate::cube`]).
 
 use burn::tensor::{backend::Backend, Tensor};
 
-use crate::attention::{self, PrefixKv};
+use crate::attention::{self, PaddedPlan};
+use crate::decoder::AttentionRoute;
 use crate::layout::ItemLayout;
 use crate::lm_head::{self, LabelTable};
+use crate::query_kv::LayerPrefixes;
 
 /// A Burn backend tally can score on.
 pub trait ScoringBackend: Backend {
-    /// Multi-item attention over packed items: see [`attention::multi_item_attention`].
+    /// What the backend's multi-item attention prepares once per pass and reuses in every
+    /// layer (the kernel's tile tables, on the device).
+    type AttentionPlan;
+
+    /// Plans multi-item attention for the items of `layout`. `prefix_spans[g]`: (first token,
+    /// length) of group `g`'s prefix in the joined prefix K/V ([`LayerPrefixes::joined`]);
+    /// `group`: query heads per KV head.
+    fn plan_attention(layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &Self::Device) -> Self::AttentionPlan;
+
+    /// Multi-item attention over packed items as planned: see [`attention::multi_item_attention`].
     fn multi_item_attention(
         queries: Tensor<Self, 3>,
         keys: Tensor<Self, 3>,
         values: Tensor<Self, 3>,
-        prefixes: &[&PrefixKv<Self>],
-        layout: &ItemLayout,
-    ) -> Tensor<Self, 3> {
-        attention::multi_item_attention(queries, keys, values, prefixes, layout)
-    }
+        prefixes: &LayerPrefixes<'_, Self>,
+        plan: &Self::AttentionPlan,
+    ) -> Tensor<Self, 3>;
 
     /// Full-vocabulary log-probabilities of each row's labels: see [`lm_head::label_logprobs`].
     fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {
@@ -28,4 +36,37 @@ pub trait ScoringBackend: Backend {
 }
 
 #[cfg(feature = "ndarray")]
-impl ScoringBackend for burn::backend::NdArray<f32> {}
+impl ScoringBackend for burn::backend::NdArray<f32> {
+    type AttentionPlan = PaddedPlan<Self>;
+
+    fn plan_attention(layout: &ItemLayout, _prefix_spans: &[(usize, usize)], group: usize, device: &Self::Device) -> PaddedPlan<Self> {
+        PaddedPlan::new(layout, group, device)
+    }
+
+    fn multi_item_attention(queries: Tensor<Self, 3>, keys: Tensor<Self, 3>, values: Tensor<Self, 3>, prefixes: &LayerPrefixes<'_, Self>, plan: &PaddedPlan<Self>) -> Tensor<Self, 3> {
+        attention::multi_item_attention(queries, keys, values, &prefixes.per_group(), plan)
+    }
+}
+
+/// Multi-item attention of one pass, planned once for all layers: the backend's route, or the
+/// cascade in plain Burn ops.
+pub(crate) enum AttentionPlan<B: ScoringBackend> {
+    Backend(B::AttentionPlan),
+    Cascade(PaddedPlan<B>),
+}
+
+impl<B: ScoringBackend> AttentionPlan<B> {
+    pub(crate) fn new(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &B::Device) -> Self {
+        match route {
+            AttentionRoute::Kernel => AttentionPlan::Backend(B::plan_attention(layout, prefix_spans, group, device)),
+            AttentionRoute::Cascade => AttentionPlan::Cascade(PaddedPlan::new(layout, group, device)),
+        }
+    }
+
+    pub(crate) fn run(&self, queries: Tensor<B, 3>, keys: Tensor<B, 3>, values: Tensor<B, 3>, prefixes: &LayerPrefixes<'_, B>) -> Tensor<B, 3> {
+        match self {
+            AttentionPlan::Backend(plan) => B::multi_item_attention(queries, keys, values, prefixes, plan),
+            AttentionPlan::Cascade(plan) => attention::multi_item_attention(queries, keys, values, &prefixes.per_group(), plan),
+        }
+    }
+}

@@ -5,9 +5,10 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr};
-use tally_shaders::{MultiItemAttention, StreamedLabelLogprobs};
+use tally_shaders::{AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
 use crate::attention::PrefixKv;
+use crate::query_kv::{LayerPrefixes, QueryBatch, QueryKv};
 use crate::backend::ScoringBackend;
 use crate::layout::ItemLayout;
 use crate::lm_head::{LabelTable, VOCAB_CHUNK};
@@ -19,38 +20,22 @@ where
     I: IntElement,
     BT: BoolElement,
 {
-    fn multi_item_attention(
-        queries: Tensor<Self, 3>,
-        keys: Tensor<Self, 3>,
-        values: Tensor<Self, 3>,
-        prefixes: &[&PrefixKv<Self>],
-        layout: &ItemLayout,
-    ) -> Tensor<Self, 3> {
-        let device = queries.device();
-        let [_, kv_heads, head_dim] = keys.dims();
-        // The kernel reads every group's prefix from one tensor, the prefixes end to end.
-        let mut starts = Vec::with_capacity(prefixes.len());
-        let mut total = 0;
-        for prefix in prefixes {
-            starts.push(total);
-            total += prefix.len();
-        }
-        let joined = |part: fn(&PrefixKv<Self>) -> &Tensor<Self, 3>| match prefixes {
-            [prefix] if total > 0 => part(prefix).clone(),
-            // A buffer can't be empty; one zero token nobody reads.
-            _ if total == 0 => Tensor::zeros([kv_heads, 1, head_dim], &device),
-            _ => Tensor::cat(prefixes.iter().filter(|p| !p.is_empty()).map(|p| part(p).clone()).collect(), 1),
-        };
-        let (prefix_keys, prefix_values) = (joined(|p| &p.keys), joined(|p| &p.values));
+    type AttentionPlan = AttentionTiles<R>;
 
+    fn plan_attention(layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &R::Device) -> AttentionTiles<R> {
+        let item_prefixes: Vec<(usize, usize)> = layout.item_groups().map(|g| prefix_spans[g]).collect();
+        AttentionTiles::new(&R::client(device), device, layout.offsets(), &item_prefixes, group)
+    }
+
+    fn multi_item_attention(queries: Tensor<Self, 3>, keys: Tensor<Self, 3>, values: Tensor<Self, 3>, prefixes: &LayerPrefixes<'_, Self>, plan: &AttentionTiles<R>) -> Tensor<Self, 3> {
+        let prefixes = prefixes.joined();
         let attention = MultiItemAttention {
             queries: queries.into_primitive().tensor(),
             keys: keys.into_primitive().tensor(),
             values: values.into_primitive().tensor(),
-            prefix_keys: prefix_keys.into_primitive().tensor(),
-            prefix_values: prefix_values.into_primitive().tensor(),
-            item_offsets: layout.offsets().to_vec(),
-            item_prefixes: layout.item_groups().map(|g| (starts[g], prefixes[g].len())).collect(),
+            prefix_keys: prefixes.keys.clone().into_primitive().tensor(),
+            prefix_values: prefixes.values.clone().into_primitive().tensor(),
+            tiles: plan,
         };
         Tensor::from_primitive(TensorPrimitive::Float(attention.run()))
     }
@@ -71,18 +56,18 @@ where
 /// Through fusion: settle the inputs, run the inner backend's kernels, hand the result back to
 /// the fusion stream as a fresh tensor.
 impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
-    fn multi_item_attention(
-        queries: Tensor<Self, 3>,
-        keys: Tensor<Self, 3>,
-        values: Tensor<Self, 3>,
-        prefixes: &[&PrefixKv<Self>],
-        layout: &ItemLayout,
-    ) -> Tensor<Self, 3> {
+    type AttentionPlan = B::AttentionPlan;
+
+    fn plan_attention(layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &B::Device) -> B::AttentionPlan {
+        B::plan_attention(layout, prefix_spans, group, device)
+    }
+
+    fn multi_item_attention(queries: Tensor<Self, 3>, keys: Tensor<Self, 3>, values: Tensor<Self, 3>, prefixes: &LayerPrefixes<'_, Self>, plan: &B::AttentionPlan) -> Tensor<Self, 3> {
         let client = fusion_client(&queries);
-        let prefixes: Vec<PrefixKv<B>> =
-            prefixes.iter().map(|p| PrefixKv { keys: settle(p.keys.clone()), values: settle(p.values.clone()) }).collect();
-        let prefixes: Vec<&PrefixKv<B>> = prefixes.iter().collect();
-        let output = B::multi_item_attention(settle(queries), settle(keys), settle(values), &prefixes, layout);
+        let joined = prefixes.joined();
+        // The inner backend reads only the joined buffer, which the plan's spans index.
+        let settled = QueryBatch::new(vec![QueryKv::from_layers(vec![PrefixKv { keys: settle(joined.keys.clone()), values: settle(joined.values.clone()) }])]);
+        let output = B::multi_item_attention(settle(queries), settle(keys), settle(values), &LayerPrefixes::new(&settled, 0, &[0]), plan);
         into_fusion(output, &client)
     }
 

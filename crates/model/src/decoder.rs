@@ -5,12 +5,12 @@
 
 use burn::tensor::{activation::silu, backend::Backend, Int, Tensor, TensorData};
 
-use crate::attention::{self, PrefixKv};
-use crate::backend::ScoringBackend;
+use crate::attention::{PaddedPlan, PrefixKv};
+use crate::backend::{AttentionPlan, ScoringBackend};
 use crate::config::ModelConfig;
 use crate::layout::ItemLayout;
 use crate::lm_head::{self, LabelTable};
-use crate::query_kv::{ItemGroup, QueryKv, PREFILL_CHUNK};
+use crate::query_kv::{ItemGroup, LayerPrefixes, QueryBatch, QueryKv, PREFILL_CHUNK};
 use crate::rope::Rope;
 use crate::weights::{TensorSource, WeightsError};
 
@@ -186,21 +186,28 @@ impl<B: ScoringBackend> DecoderModel<B> {
         for chunk in tokens.chunks(PREFILL_CHUNK) {
             let mut chunk_kv = Vec::with_capacity(self.layers.len());
             let layout = ItemLayout::new([(cache.len(), &[chunk.len()][..])]);
-            self.forward(chunk, &layout, &[&cache], Some(&mut chunk_kv));
+            self.forward(chunk, &layout, &self.query_batch(vec![cache.clone()]), &[0], Some(&mut chunk_kv));
             cache = cache.extended(chunk_kv, chunk.len());
         }
         cache
     }
 
+    /// The queries of a batch of requests, for every pass of [`Self::last_hidden`] over their
+    /// items (see [`QueryBatch`]).
+    pub fn query_batch(&self, queries: Vec<QueryKv<B>>) -> QueryBatch<B> {
+        QueryBatch::new(queries)
+    }
+
     /// Final-normed hidden state at the last token of each item, `[items, hidden]`, items in
     /// group order. Item token `k` sits at position `query.len() + k` and sees its group's
-    /// query and its own item only. Groups of different requests share the pass's matmuls.
-    pub fn last_hidden(&self, groups: &[ItemGroup<'_, B>]) -> Tensor<B, 2> {
+    /// query (in `queries`) and its own item only. Groups of different requests share the
+    /// pass's matmuls.
+    pub fn last_hidden(&self, queries: &QueryBatch<B>, groups: &[ItemGroup<'_>]) -> Tensor<B, 2> {
         let lens: Vec<Vec<usize>> = groups.iter().map(|g| g.items.iter().map(|item| item.len()).collect()).collect();
-        let layout = ItemLayout::new(groups.iter().zip(&lens).map(|(g, lens)| (g.query.len(), lens.as_slice())));
+        let layout = ItemLayout::new(groups.iter().zip(&lens).map(|(g, lens)| (queries.query_len(g.query), lens.as_slice())));
         let tokens: Vec<u32> = groups.iter().flat_map(|g| g.items.iter().flat_map(|item| item.iter().copied())).collect();
-        let queries: Vec<&QueryKv<B>> = groups.iter().map(|g| g.query).collect();
-        let hidden = self.forward(&tokens, &layout, &queries, None);
+        let group_queries: Vec<usize> = groups.iter().map(|g| g.query).collect();
+        let hidden = self.forward(&tokens, &layout, queries, &group_queries, None);
         let last_rows: Vec<i64> = layout.last_rows().into_iter().map(|row| row as i64).collect();
         let last_rows = Tensor::<B, 1, Int>::from_data(TensorData::new(last_rows, [layout.items()]), &self.device());
         rms_norm(hidden.select(0, last_rows), &self.final_norm, self.config.rms_norm_eps)
@@ -224,16 +231,24 @@ impl<B: ScoringBackend> DecoderModel<B> {
     }
 
     /// Runs the packed tokens of `layout` through all layers; returns `[tokens, hidden]`.
-    /// `queries[g]` is group `g`'s query K/V. With `keep_kv`, the (single) sequence's K/V per
-    /// layer is pushed there, in prefix layout.
-    fn forward(&self, tokens: &[u32], layout: &ItemLayout, queries: &[&QueryKv<B>], mut keep_kv: Option<&mut Vec<PrefixKv<B>>>) -> Tensor<B, 2> {
+    /// Group `g` attends to query `group_queries[g]` of `queries`. With `keep_kv`, the (single)
+    /// sequence's K/V per layer is pushed there, in prefix layout.
+    fn forward(&self, tokens: &[u32], layout: &ItemLayout, queries: &QueryBatch<B>, group_queries: &[usize], mut keep_kv: Option<&mut Vec<PrefixKv<B>>>) -> Tensor<B, 2> {
         let c = &self.config;
         let device = self.device();
         let count = tokens.len();
         let ids: Vec<i64> = tokens.iter().map(|&id| id as i64).collect();
         let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [count]), &device);
         let mut x = self.embed_tokens.clone().select(0, ids);
+        // Planned once for the pass, read by every layer (FlashInfer's plan/run split): RoPE
+        // tables for the items' positions, and the attention's tiles or gathers.
         let rope = Rope::new(&layout.positions(), &c.rope.inverse_frequencies(c.head_dim), &device);
+        let prefix_spans: Vec<(usize, usize)> = group_queries.iter().map(|&q| queries.span(q)).collect();
+        let group = c.num_attention_heads / c.num_key_value_heads;
+        let attention = match self.hot_paths {
+            HotPaths::Backend => AttentionPlan::new(self.attention_route, layout, &prefix_spans, group, &device),
+            HotPaths::Plain => AttentionPlan::Cascade(PaddedPlan::new(layout, group, &device)),
+        };
         let (q_width, kv_width) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
 
         for (index, layer) in self.layers.iter().enumerate() {
@@ -254,11 +269,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
             if let Some(kept) = keep_kv.as_deref_mut() {
                 kept.push(PrefixKv { keys: k.clone().swap_dims(0, 1), values: v.clone().swap_dims(0, 1) });
             }
-            let layer_prefixes: Vec<&PrefixKv<B>> = queries.iter().map(|query| &query.layers[index]).collect();
-            let attended = match (self.hot_paths, self.attention_route) {
-                (HotPaths::Backend, AttentionRoute::Kernel) => B::multi_item_attention(q, k, v, &layer_prefixes, layout),
-                _ => attention::multi_item_attention(q, k, v, &layer_prefixes, layout),
-            };
+            let attended = attention.run(q, k, v, &LayerPrefixes::new(queries, index, group_queries));
             x = x + attended.reshape([count, q_width]).matmul(layer.o_proj.clone());
 
             let h = rms_norm(x.clone(), &layer.post_attention_norm, c.rms_norm_eps);

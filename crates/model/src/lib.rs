@@ -37,6 +37,6 @@ pub use config::{Family, ModelConfig};
 pub use decoder::{AttentionRoute, DecoderModel, HotPaths};
 pub use layout::ItemLayout;
 pub use lm_head::LabelTable;
-pub use query_kv::{ItemGroup, QueryKv, PREFILL_CHUNK};
+pub use query_kv::{ItemGroup, LayerPrefixes, QueryBatch, QueryKv, PREFILL_CHUNK};
 pub use file_data::{FileData, RangedBytes};
 pub use source::{LoadError, ModelFiles, OpenedModel, TokenizerSource};

@@ -5,10 +5,29 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
+use clap::Args;
 use serde_json::json;
 
-use crate::cli::LoadArgs;
+use crate::request_shape::RequestShape;
 use crate::rng::Rng;
+
+#[derive(Args)]
+pub struct LoadArgs {
+    /// Base URL of a running tally (or any /v1/score) server.
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    pub url: String,
+    /// Mean requests per second (Poisson arrivals).
+    #[arg(long, default_value_t = 4.0)]
+    pub qps: f64,
+    /// Seconds to send requests for.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    #[command(flatten)]
+    pub shape: RequestShape,
+    /// Where to write the JSON summary.
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+}
 
 struct Outcome {
     latency: Duration,
@@ -22,17 +41,14 @@ pub fn run(args: LoadArgs) -> Result<()> {
     let models: serde_json::Value = agent.get(&format!("{base}/v1/models")).call().with_context(|| format!("cannot reach {base}/v1/models"))?.into_json()?;
     let vocab = models["data"][0]["vocab_size"].as_u64().unwrap_or(1000).max(2);
 
-    let mut rng = Rng::new(args.seed);
+    let shape = &args.shape;
+    let mut rng = Rng::new(shape.seed);
     let (done, results) = mpsc::channel::<Outcome>();
     let start = Instant::now();
     let mut next_arrival = 0.0;
     let mut sent = 0;
     while next_arrival < args.duration {
-        let request = json!({
-            "query": rng.ids(args.prompt_tokens, vocab),
-            "items": (0..args.items_per_request).map(|_| rng.ids(args.item_tokens, vocab)).collect::<Vec<_>>(),
-            "label_token_ids": [0, 1],
-        });
+        let request = shape.request(&mut rng, vocab, &[0, 1]);
         let wait = Duration::from_secs_f64(next_arrival).saturating_sub(start.elapsed());
         std::thread::sleep(wait);
         let (agent, url, done) = (agent.clone(), format!("{base}/v1/score"), done.clone());
@@ -56,15 +72,15 @@ pub fn run(args: LoadArgs) -> Result<()> {
         "url": base,
         "qps": args.qps,
         "duration_s": args.duration,
-        "items_per_request": args.items_per_request,
-        "prompt_tokens": args.prompt_tokens,
-        "item_tokens": args.item_tokens,
+        "items_per_request": shape.items_per_request,
+        "prompt_tokens": shape.prompt_tokens,
+        "item_tokens": shape.item_tokens,
         "requests_sent": sent,
         "requests_ok": ok,
         "requests_failed": sent - ok,
         "wall_s": wall,
         "latency_ms": {"p50": percentile(0.5), "p90": percentile(0.9), "p99": percentile(0.99)},
-        "items_per_second": (ok * args.items_per_request) as f64 / wall,
+        "items_per_second": (ok * shape.items_per_request) as f64 / wall,
     });
     println!("requests: {sent} sent, {ok} ok, {} failed in {wall:.1} s", sent - ok);
     println!("latency ms: p50 {:.1}  p90 {:.1}  p99 {:.1}", percentile(0.5), percentile(0.9), percentile(0.99));

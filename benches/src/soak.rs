@@ -17,8 +17,38 @@ use anyhow::{bail, ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 
-use crate::cli::SoakArgs;
+use crate::request_shape::RequestShape;
 use crate::rng::Rng;
+
+#[derive(clap::Args)]
+pub struct SoakArgs {
+    /// The model to serve (as `tally serve --model`).
+    #[arg(long)]
+    pub model: String,
+    /// More `tally serve` arguments, space-separated (e.g. "--backend wgpu --max-queue 64").
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub serve_args: String,
+    #[arg(long, default_value_t = 10.0)]
+    pub minutes: f64,
+    /// Offered load as a multiple of the measured capacity.
+    #[arg(long, default_value_t = 2.0)]
+    pub overload: f64,
+    /// Share of requests that are invalid (of 12 kinds, from bad JSON to bad HTTP).
+    #[arg(long, default_value_t = 0.3)]
+    pub invalid_fraction: f64,
+    /// Seconds of back-to-back requests that measure the capacity.
+    #[arg(long, default_value_t = 20.0)]
+    pub calibrate_secs: f64,
+    /// Clients sending back to back while measuring the capacity.
+    #[arg(long, default_value_t = 4)]
+    pub clients: usize,
+    /// The valid requests' shape.
+    #[command(flatten)]
+    pub shape: RequestShape,
+    /// Where to write the JSON result (also printed).
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+}
 
 /// What a request is and what a correct server answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -102,7 +132,7 @@ fn soak(server: &Server, args: SoakArgs) -> Result<Value> {
     eprintln!("capacity {capacity:.2} valid requests/s; soaking at {qps:.2} requests/s for {:.0} s", duration);
 
     let bar = ProgressBar::new(duration as u64).with_style(ProgressStyle::with_template("soak {bar:30} {pos}/{len} s  {msg}").expect("a valid template"));
-    let mut rng = Rng::new(target.args.seed);
+    let mut rng = Rng::new(target.args.shape.seed);
     let (done, outcomes) = mpsc::channel::<Outcome>();
     let mut rss: Vec<(f64, f64)> = Vec::new();
     let start = Instant::now();
@@ -144,7 +174,7 @@ fn measure_capacity(target: &Target, agent: &ureq::Agent) -> Result<f64> {
     let handles: Vec<_> = (0..target.args.clients)
         .map(|client| {
             let (agent, url) = (agent.clone(), format!("{}/v1/score", target.url));
-            let mut rng = Rng::new(target.args.seed ^ ((client as u64 + 1) << 32));
+            let mut rng = Rng::new(target.args.shape.seed ^ ((client as u64 + 1) << 32));
             let requests: Vec<Value> = (0..4096).map(|_| valid(target, &mut rng)).collect();
             std::thread::spawn(move || {
                 let mut completed = 0usize;
@@ -165,11 +195,8 @@ fn measure_capacity(target: &Target, agent: &ureq::Agent) -> Result<f64> {
 }
 
 fn valid(target: &Target, rng: &mut Rng) -> Value {
-    json!({
-        "query": rng.ids(target.args.prompt_tokens, target.vocab),
-        "items": (0..target.args.items_per_request).map(|_| rng.ids(target.args.item_tokens, target.vocab)).collect::<Vec<_>>(),
-        "label_token_ids": rng.ids(2, target.vocab),
-    })
+    let labels = rng.ids(2, target.vocab);
+    target.args.shape.request(rng, target.vocab, &labels)
 }
 
 /// The request to send: (method, path, extra header, body).
@@ -270,7 +297,7 @@ fn summarize(target: &Target, capacity: f64, qps: f64, sent: usize, outcomes: &[
     }
     let valid_ok = outcomes.iter().filter(|o| o.kind == Kind::Valid && o.status == Some(200)).count();
     let half: Vec<(f64, f64)> = rss.iter().copied().filter(|&(t, _)| t >= rss.last().map_or(0.0, |l| l.0) / 2.0).collect();
-    let machine = crate::backend::device_name(crate::backend::BackendKind::Cpu);
+    let machine = crate::report::cpu_name();
     json!({
         "benchmark": "soak",
         "machine": machine,
@@ -281,13 +308,13 @@ fn summarize(target: &Target, capacity: f64, qps: f64, sent: usize, outcomes: &[
         "overload": target.args.overload,
         "offered_requests_per_s": qps,
         "invalid_fraction": target.args.invalid_fraction,
-        "request_shape": {"prompt_tokens": target.args.prompt_tokens, "items": target.args.items_per_request, "item_tokens": target.args.item_tokens},
+        "request_shape": target.args.shape.to_json(),
         "requests_sent": sent,
         "responses": outcomes.len(),
         "requests_lost": lost,
         "wrong_answers": wrong,
         "valid_scored": valid_ok,
-        "valid_items_per_s": (valid_ok * target.args.items_per_request) as f64 / wall.as_secs_f64(),
+        "valid_items_per_s": (valid_ok * target.args.shape.items_per_request) as f64 / wall.as_secs_f64(),
         "status_counts": statuses,
         "status_counts_by_kind": by_kind,
         "rss_mib": {

@@ -1,0 +1,149 @@
+//! `tally bench attention`: one layer's multi-item attention as tally runs it (the CubeCL
+//! kernel on wgpu/CUDA, the cascade of plain ops on the CPU) against the usual way of packing
+//! items — one sequence of query + all items with a dense `[rows, keys]` mask — on the same
+//! backend, same inputs, same run. Defaults are seed scenario 1 with Qwen3-0.6B's heads.
+
+use std::time::Instant;
+
+use anyhow::{ensure, Result};
+use clap::Args;
+use burn::tensor::{activation::softmax, backend::Backend, ElementConversion, Tensor, TensorData};
+use serde_json::{json, Value};
+use tally_model::attention::{self, PaddedPlan, PrefixKv};
+use tally_model::{ItemLayout, LayerPrefixes, QueryBatch, QueryKv, ScoringBackend};
+
+use crate::rng::Rng;
+use crate::RunsOn;
+
+/// Defaults: seed scenario 1 (2,020-token query, 500 items of 20 tokens), Qwen3-0.6B's heads.
+#[derive(Args)]
+pub struct AttentionArgs {
+    #[arg(long, default_value_t = 2020)]
+    pub prefix: usize,
+    #[arg(long, default_value_t = 500)]
+    pub items: usize,
+    #[arg(long, default_value_t = 20)]
+    pub item_len: usize,
+    #[arg(long, default_value_t = 16)]
+    pub q_heads: usize,
+    #[arg(long, default_value_t = 8)]
+    pub kv_heads: usize,
+    #[arg(long, default_value_t = 128)]
+    pub head_dim: usize,
+    /// Timed runs of each variant (after one warm-up); the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub iterations: usize,
+    /// Where to write the JSON result (also printed).
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+}
+
+/// Times one layer's attention on backend `B`, every route against dense-masked attention.
+pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: &RunsOn) -> Result<Value> {
+    let a = args;
+    ensure!(a.items > 0 && a.item_len > 0 && a.iterations > 0, "--items, --item-len and --iterations must be positive");
+    ensure!(a.kv_heads > 0 && a.q_heads.is_multiple_of(a.kv_heads), "--q-heads must be a multiple of --kv-heads");
+    let (tokens, group) = (a.items * a.item_len, a.q_heads / a.kv_heads);
+    let mut rng = Rng::new(1);
+    let mut random = |shape: [usize; 3]| -> Tensor<B, 3> {
+        let values: Vec<f32> = (0..shape.iter().product()).map(|_| rng.unit() as f32 * 2.0 - 1.0).collect();
+        Tensor::from_data(TensorData::new(values, shape), &device)
+    };
+    let queries = random([tokens, a.q_heads, a.head_dim]);
+    let keys = random([tokens, a.kv_heads, a.head_dim]);
+    let values = random([tokens, a.kv_heads, a.head_dim]);
+    let prefix = PrefixKv { keys: random([a.kv_heads, a.prefix, a.head_dim]), values: random([a.kv_heads, a.prefix, a.head_dim]) };
+    let item_lens = vec![a.item_len; a.items];
+    let layout = ItemLayout::new([(a.prefix, item_lens.as_slice())]);
+
+    // Planned once per pass in the model, so timed apart from the per-layer run.
+    let spans = [(0, a.prefix)];
+    let kernel_plan = || B::plan_attention(&layout, &spans, group, &device);
+    let cascade_plan = || PaddedPlan::<B>::new(&layout, group, &device);
+    let (planned_kernel, planned_cascade) = (kernel_plan(), cascade_plan());
+    let batch = QueryBatch::new(vec![QueryKv::from_layers(vec![prefix.clone()])]);
+    let prefixes = LayerPrefixes::new(&batch, 0, &[0]);
+    let multi_item = || B::multi_item_attention(queries.clone(), keys.clone(), values.clone(), &prefixes, &planned_kernel);
+    let cascade = || attention::multi_item_attention(queries.clone(), keys.clone(), values.clone(), &[&prefix], &planned_cascade);
+    let mask = dense_mask::<B>(a.prefix, &layout, group, &device);
+    let dense = || dense_masked_attention(queries.clone(), keys.clone(), values.clone(), &prefix, mask.clone());
+
+    // Same answer first: a benchmark of a wrong kernel is worth nothing.
+    for (name, output) in [("kernel", multi_item()), ("cascade", cascade())] {
+        let difference = (output - dense()).abs().max().into_scalar().elem::<f32>();
+        ensure!(difference < 1e-2, "the {name} route and dense attention disagree by {difference}");
+    }
+    let multi_item_ms = median_ms(a.iterations, || multi_item().sum().into_scalar());
+    let cascade_ms = median_ms(a.iterations, || cascade().sum().into_scalar());
+    let dense_ms = median_ms(a.iterations, || dense().sum().into_scalar());
+    let kernel_plan_ms = median_ms(a.iterations, kernel_plan);
+    let cascade_plan_ms = median_ms(a.iterations, cascade_plan);
+
+    // Useful work: each row sees the prefix and its own item up to itself (QKᵀ and PV).
+    let visible_keys: usize = (0..a.item_len).map(|k| a.prefix + k + 1).sum::<usize>() * a.items;
+    let flop = 4.0 * (visible_keys * a.q_heads * a.head_dim) as f64;
+    let tflops = |ms: f64| flop / (ms * 1e-3) / 1e12;
+    Ok(json!({
+        "benchmark": "multi-item attention, one layer",
+        "backend": runs_on.backend,
+        "dtype": runs_on.dtype,
+        "device": runs_on.device,
+        "shape": {"prefix": a.prefix, "items": a.items, "item_len": a.item_len, "q_heads": a.q_heads, "kv_heads": a.kv_heads, "head_dim": a.head_dim},
+        "iterations": a.iterations,
+        "multi_item_ms": multi_item_ms,
+        "dense_masked_ms": dense_ms,
+        "cascade_ms": cascade_ms,
+        "kernel_plan_ms": kernel_plan_ms,
+        "cascade_plan_ms": cascade_plan_ms,
+        "speedup": dense_ms / multi_item_ms,
+        "useful_tflop": flop / 1e12,
+        "multi_item_tflops": tflops(multi_item_ms),
+        "cascade_tflops": tflops(cascade_ms),
+        "dense_masked_tflops_useful": tflops(dense_ms),
+    }))
+}
+
+/// Median wall time of `f` in ms, after one warm-up run (compilation, autotune).
+fn median_ms<T>(iterations: usize, mut f: impl FnMut() -> T) -> f64 {
+    f();
+    let mut times: Vec<f64> = (0..iterations)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// `[rows · group, prefix + tokens]` additive mask of the packed sequence `query + items`:
+/// every item row sees the prefix and its own item causally.
+fn dense_mask<B: Backend>(prefix: usize, layout: &ItemLayout, group: usize, device: &B::Device) -> Tensor<B, 2> {
+    let tokens = layout.tokens();
+    let mut mask = vec![f32::NEG_INFINITY; tokens * group * (prefix + tokens)];
+    for item in 0..layout.items() {
+        let start = layout.offsets()[item];
+        for row in start..start + layout.item_len(item) {
+            for head in 0..group {
+                let line = &mut mask[(row * group + head) * (prefix + tokens)..][..prefix + tokens];
+                line[..prefix].fill(0.0);
+                line[prefix + start..=prefix + row].fill(0.0);
+            }
+        }
+    }
+    Tensor::from_data(TensorData::new(mask, [tokens * group, prefix + tokens]), device)
+}
+
+/// Attention of the packed sequence with a dense mask, GQA by grouping query heads per KV head.
+fn dense_masked_attention<B: Backend>(queries: Tensor<B, 3>, keys: Tensor<B, 3>, values: Tensor<B, 3>, prefix: &PrefixKv<B>, mask: Tensor<B, 2>) -> Tensor<B, 3> {
+    let [tokens, q_heads, head_dim] = queries.dims();
+    let kv_heads = keys.dims()[1];
+    let group = q_heads / kv_heads;
+    let all_keys = Tensor::cat(vec![prefix.keys.clone(), keys.swap_dims(0, 1)], 1);
+    let all_values = Tensor::cat(vec![prefix.values.clone(), values.swap_dims(0, 1)], 1);
+    let queries = queries.reshape([tokens, kv_heads, group, head_dim]).swap_dims(0, 1).reshape([kv_heads, tokens * group, head_dim]);
+    let scores = queries.matmul(all_keys.swap_dims(1, 2)).mul_scalar((head_dim as f64).powf(-0.5)) + mask.unsqueeze::<3>();
+    let output = softmax(scores, 2).matmul(all_values);
+    output.reshape([kv_heads, tokens, group, head_dim]).swap_dims(0, 1).reshape([tokens, q_heads, head_dim])
+}

@@ -1,0 +1,29 @@
+//! tally-bench: tally's benchmarks, behind `tally bench`. Each reports JSON (and a table) with
+//! the machine it ran on; speed goals live here, not in timed tests.
+//!
+//! - [`load`]: Poisson arrivals against a running server's `/v1/score`: latency percentiles, items/s.
+//! - [`soak`]: a server under mixed valid and invalid load past its capacity, for minutes.
+//! - [`scenario`]: the seed scenarios (S1, S2) through the engine, on any backend.
+//! - [`attention`]: one layer's multi-item attention per route against dense-masked attention.
+//! - [`request_shape`]: the requests `load` and `soak` send; [`rng`], [`report`]: what they share.
+
+pub mod attention;
+pub mod load;
+pub mod report;
+pub mod request_shape;
+pub mod rng;
+pub mod scenario;
+pub mod soak;
+
+/// What a run computed on, as its result records it.
+#[derive(Clone, Debug)]
+pub struct RunsOn {
+    /// `cpu`, `wgpu` or `cuda`.
+    pub backend: String,
+    /// `float32` or `bfloat16`.
+    pub dtype: String,
+    /// The attention route: `kernel` or `cascade`.
+    pub attention: String,
+    /// The GPU's name, or the CPU's with its thread count.
+    pub device: String,
+}

@@ -1,0 +1,113 @@
+//! `tally bench scenario`: the seed benchmark's scoring workloads, end to end through the engine
+//! (token ids in, scores out), reported in the seed report's columns.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{ensure, Result};
+use clap::Args;
+use serde_json::{json, Value};
+use tally_core::{Items, PassBudget, Query, ScoreRequest};
+use tally_engine::{Scorer, ScorerOptions};
+use tally_model::ScoringBackend;
+
+use crate::rng::Rng;
+use crate::RunsOn;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// 2,000-token static prefix + 20-token dynamic suffix, items of 20 tokens.
+    S1,
+    /// 1,900-token static prefix + 10-token dynamic suffix, items of 10 tokens.
+    S2,
+}
+
+#[derive(Args)]
+pub struct ScenarioArgs {
+    #[arg(long)]
+    pub model: PathBuf,
+    #[arg(long, value_enum)]
+    pub scenario: Scenario,
+    /// Requests to run; the first is the cold one, the rest give the warm median.
+    #[arg(long, default_value_t = 5)]
+    pub requests: usize,
+    #[arg(long, default_value_t = 500)]
+    pub items: usize,
+    #[arg(long, default_value_t = tally_core::PassBudget::default().max_tokens)]
+    pub max_batch_tokens: usize,
+    /// Where to write the JSON result.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+impl ScenarioArgs {
+    /// The engine's options for this run: the pass budget asked for, a prefix cache that holds
+    /// the static prefix.
+    pub fn scorer_options(&self) -> ScorerOptions {
+        ScorerOptions { pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() }, prefix_cache_bytes: 1 << 30 }
+    }
+}
+
+/// Runs the scenario on a scorer loaded with [`ScenarioArgs::scorer_options`]; prints the table
+/// and returns the result.
+pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_on: &RunsOn) -> Result<Value> {
+    let (static_tokens, suffix_tokens, item_tokens) = match args.scenario {
+    Scenario::S1 => (2000, 20, 20),
+    Scenario::S2 => (1900, 10, 10),
+    };
+    ensure!(args.requests > 0 && args.items > 0, "--requests and --items must be positive");
+    let vocab = scorer.preparer().limits().vocab_size as u64;
+    // "Yes" / "No" in the Qwen3 tokenizer when the vocabulary has them.
+    let labels: Vec<i64> = if vocab > 9454 { vec![9454, 2753] } else { vec![0, 1] };
+    let mut rng = Rng::new(0);
+    let mut ids = |n: usize| rng.ids(n, vocab);
+    let static_prefix = ids(static_tokens);
+
+    let mut seconds = Vec::with_capacity(args.requests);
+    for _ in 0..args.requests {
+        // Same static prefix, a new dynamic suffix and new items for every request.
+        let query = [static_prefix.clone(), ids(suffix_tokens)].concat();
+        let items: Vec<Vec<i64>> = (0..args.items).map(|_| ids(item_tokens)).collect();
+        let request = ScoreRequest { query: Query::Ids(query), items: Items::Ids(items), label_token_ids: labels.clone(), apply_softmax: false, item_first: false, model: None };
+        let start = Instant::now();
+        let input = scorer.preparer().prepare(&request)?;
+        let scores = scorer.score_batch(&[&input])?.remove(0);
+        seconds.push(start.elapsed().as_secs_f64());
+        ensure!(scores.len() == args.items && scores.iter().flatten().all(|p| p.is_finite()), "scoring returned malformed scores");
+    }
+
+    let row = |s: f64| json!({"items_per_second": args.items as f64 / s, "ms_per_item": s * 1e3 / args.items as f64, "total_seconds": s});
+    let mut warm = seconds[1..].to_vec();
+    warm.sort_by(f64::total_cmp);
+    let warm_median = warm.get(warm.len() / 2).copied();
+    println!(
+        "scenario {:?}: {} items/request × {item_tokens} tokens, query {} tokens ({static_tokens} static) | backend {} | {}",
+        args.scenario,
+        args.items,
+        static_tokens + suffix_tokens,
+        runs_on.backend,
+        runs_on.device
+    );
+    println!("{:<12} {:>14} {:>14} {:>12}", "request", "items/s", "ms per item", "total s");
+    let print = |name: &str, s: f64| println!("{name:<12} {:>14.1} {:>14.3} {:>12.3}", args.items as f64 / s, s * 1e3 / args.items as f64, s);
+    print("cold", seconds[0]);
+    if let Some(s) = warm_median {
+        print("warm median", s);
+    }
+    Ok(json!({
+        "benchmark": "scenario",
+        "scenario": format!("{:?}", args.scenario).to_lowercase(),
+        "backend": runs_on.backend,
+        "attention": runs_on.attention,
+        "dtype": runs_on.dtype,
+        "device": runs_on.device,
+        "model": args.model.file_name().map(|n| n.to_string_lossy().into_owned()),
+        "items_per_request": args.items,
+        "query_tokens": static_tokens + suffix_tokens,
+        "static_prefix_tokens": static_tokens,
+        "item_tokens": item_tokens,
+        "request_seconds": seconds,
+        "cold": row(seconds[0]),
+        "warm_median": warm_median.map(row),
+    }))
+}

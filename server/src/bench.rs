@@ -1,0 +1,51 @@
+//! `tally bench`: the benchmarks of `tally-bench`, the model-running ones on the backend that
+//! `--backend` and `--dtype` pick.
+
+use anyhow::Result;
+use serde_json::Value;
+use tally_bench::report::write_json;
+use tally_bench::RunsOn;
+use tally_model::ScoringBackend;
+
+use crate::backend::{device_name, dispatch, DeviceArgs, WithBackend};
+use crate::cli::{AttentionCommand, BenchCommand, ScenarioCommand};
+
+pub fn run(command: BenchCommand) -> Result<()> {
+    match command {
+        BenchCommand::Load(args) => tally_bench::load::run(args),
+        BenchCommand::Soak(args) => tally_bench::soak::run(args),
+        BenchCommand::Scenario(command) => {
+            let out = command.bench.out.clone();
+            let result = dispatch(command.device, command)?;
+            write_json(out.as_deref(), &result)
+        }
+        BenchCommand::Attention(command) => {
+            let out = command.bench.out.clone();
+            let result = dispatch(command.device, command)?;
+            println!("{}", serde_json::to_string_pretty(&result)?);
+            write_json(out.as_deref(), &result)
+        }
+    }
+}
+
+impl WithBackend for ScenarioCommand {
+    type Output = Value;
+
+    fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Value> {
+        let scorer = crate::loading::load_scorer::<B>(&self.bench.model, &device, self.bench.scorer_options(), self.device.attention)?;
+        tally_bench::scenario::run(&self.bench, scorer, &runs_on(self.device))
+    }
+}
+
+impl WithBackend for AttentionCommand {
+    type Output = Value;
+
+    fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Value> {
+        tally_bench::attention::run::<B>(&self.bench, device, &runs_on(self.device))
+    }
+}
+
+fn runs_on(device: DeviceArgs) -> RunsOn {
+    let name = |value: &dyn std::fmt::Debug| format!("{value:?}").to_lowercase();
+    RunsOn { backend: name(&device.backend), dtype: name(&device.dtype), attention: name(&device.attention), device: device_name(device.backend) }
+}
