@@ -8,31 +8,12 @@
 //! writes `benches/results/packed_vs_per_item-cpu.json`.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use burn::backend::NdArray;
 use tally_core::ScoreInput;
+use tally_bench::report::{cpu_name, write_json};
+use tally_bench::timing::median_seconds;
 use tally_engine::{Scorer, ScorerOptions};
-
-fn median_seconds(runs: usize, mut f: impl FnMut()) -> f64 {
-    f(); // warm-up
-    let mut times: Vec<f64> = (0..runs)
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed().as_secs_f64()
-        })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times[runs / 2]
-}
-
-fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| info.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned()))
-        .unwrap_or_else(|| "unknown CPU".to_owned())
-}
 
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
@@ -61,10 +42,9 @@ fn main() {
         }
     });
 
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let result = serde_json::json!({
         "benchmark": "packed_vs_per_item",
-        "machine": format!("{} ({threads} threads)", cpu_name()),
+        "machine": cpu_name(),
         "backend": "ndarray (CPU)",
         "model": model_name,
         "query_tokens": query_tokens,
@@ -78,7 +58,6 @@ fn main() {
     });
     println!("{}", serde_json::to_string_pretty(&result).unwrap());
     let out = root.join("benches/results/packed_vs_per_item-cpu.json");
-    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-    std::fs::write(&out, serde_json::to_string_pretty(&result).unwrap() + "\n").unwrap();
+    write_json(Some(&out), &result).expect("the result is written");
     eprintln!("wrote {}", out.display());
 }

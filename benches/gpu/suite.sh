@@ -103,11 +103,11 @@ scenario_stage() {
 
 # The kernel tests on CUDA (built by prepare.sh): each kernel alone against the plain path, then
 # every fixture model's forward, unfused and through fusion. The rehearsal lists the same tests
-# built for wgpu (`cargo test` already ran them).
+# built for wgpu, as the workspace's `cargo test` built (and ran) them: nothing is rebuilt.
 kernels_stage() {
     local ok=0 name path
     if [ "$dry" = 1 ]; then
-        cargo test --release --locked -p tally-shaders --no-run --message-format=json 2>/dev/null | benches/gpu/test_executables.py
+        cargo test --release --locked --workspace --no-run --message-format=json 2>/dev/null | benches/gpu/test_executables.py tally-shaders
     else
         for packed in .gpu/test-*.xz; do
             name=$(basename "$packed" .xz); name=${name#test-}

@@ -3,8 +3,6 @@
 //! items — one sequence of query + all items with a dense `[rows, keys]` mask — on the same
 //! backend, same inputs, same run. Defaults are seed scenario 1 with Qwen3-0.6B's heads.
 
-use std::time::Instant;
-
 use anyhow::{ensure, Result};
 use clap::Args;
 use burn::tensor::{activation::softmax, backend::Backend, ElementConversion, Tensor, TensorData};
@@ -13,6 +11,7 @@ use tally_model::attention::{self, PaddedPlan, PrefixKv};
 use tally_model::{ItemLayout, LayerPrefixes, QueryBatch, QueryKv, ScoringBackend};
 
 use crate::rng::Rng;
+use crate::timing::median_seconds;
 use crate::RunsOn;
 
 /// Defaults: seed scenario 1 (2,020-token query, 500 items of 20 tokens), Qwen3-0.6B's heads.
@@ -73,11 +72,11 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
         let difference = (output - dense()).abs().max().into_scalar().elem::<f32>();
         ensure!(difference < 1e-2, "the {name} route and dense attention disagree by {difference}");
     }
-    let multi_item_ms = median_ms(a.iterations, || multi_item().sum().into_scalar());
-    let cascade_ms = median_ms(a.iterations, || cascade().sum().into_scalar());
-    let dense_ms = median_ms(a.iterations, || dense().sum().into_scalar());
-    let kernel_plan_ms = median_ms(a.iterations, kernel_plan);
-    let cascade_plan_ms = median_ms(a.iterations, cascade_plan);
+    let multi_item_ms = median_seconds(a.iterations, || multi_item().sum().into_scalar()) * 1e3;
+    let cascade_ms = median_seconds(a.iterations, || cascade().sum().into_scalar()) * 1e3;
+    let dense_ms = median_seconds(a.iterations, || dense().sum().into_scalar()) * 1e3;
+    let kernel_plan_ms = median_seconds(a.iterations, kernel_plan) * 1e3;
+    let cascade_plan_ms = median_seconds(a.iterations, cascade_plan) * 1e3;
 
     // Useful work: each row sees the prefix and its own item up to itself (QKᵀ and PV).
     let visible_keys: usize = (0..a.item_len).map(|k| a.prefix + k + 1).sum::<usize>() * a.items;
@@ -101,20 +100,6 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
         "cascade_tflops": tflops(cascade_ms),
         "dense_masked_tflops_useful": tflops(dense_ms),
     }))
-}
-
-/// Median wall time of `f` in ms, after one warm-up run (compilation, autotune).
-fn median_ms<T>(iterations: usize, mut f: impl FnMut() -> T) -> f64 {
-    f();
-    let mut times: Vec<f64> = (0..iterations)
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
 }
 
 /// `[rows · group, prefix + tokens]` additive mask of the packed sequence `query + items`:

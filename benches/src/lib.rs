@@ -5,7 +5,8 @@
 //! - [`soak`]: a server under mixed valid and invalid load past its capacity, for minutes.
 //! - [`scenario`]: the seed scenarios (S1, S2) through the engine, on any backend.
 //! - [`attention`]: one layer's multi-item attention per route against dense-masked attention.
-//! - [`request_shape`]: the requests `load` and `soak` send; [`rng`], [`report`]: what they share.
+//! - [`request_shape`]: the requests `load` and `soak` send; [`rng`], [`report`], [`timing`]:
+//!   what the benchmarks share.
 
 pub mod attention;
 pub mod load;
@@ -14,6 +15,7 @@ pub mod request_shape;
 pub mod rng;
 pub mod scenario;
 pub mod soak;
+pub mod timing;
 
 /// What a run computed on, as its result records it.
 #[derive(Clone, Debug)]

@@ -37,6 +37,7 @@ pub struct AttentionTiles<R: CubeRuntime> {
     tiles: CubeTensor<R>,
     item_starts: CubeTensor<R>,
     tile_count: usize,
+    tokens_per_tile: usize,
     tokens: usize,
     group: usize,
 }
@@ -59,7 +60,7 @@ impl<R: CubeRuntime> AttentionTiles<R> {
             let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
             CubeTensor::new_contiguous(client.clone(), device.clone(), Shape::new([values.len()]), client.create_from_slice(&bytes), DType::U32)
         };
-        AttentionTiles { tiles: upload(tiles), item_starts: upload(item_starts), tile_count, tokens: item_offsets.last().copied().unwrap_or(0), group }
+        AttentionTiles { tiles: upload(tiles), item_starts: upload(item_starts), tile_count, tokens_per_tile, tokens: item_offsets.last().copied().unwrap_or(0), group }
     }
 }
 
@@ -100,15 +101,13 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         if tokens == 0 {
             return;
         }
-        let group = tiles.group;
-        let tokens_per_tile = (ROWS_PER_CUBE / group).max(1);
         let client = self.queries.client.clone();
         let dtype = self.queries.dtype;
         let columns = tiles.tile_count.min(MAX_CUBES_PER_DIM);
         multi_item_attention_kernel::launch::<R>(
             &client,
             CubeCount::Static(columns as u32, tiles.tile_count.div_ceil(columns) as u32, kv_heads as u32),
-            CubeDim::new_1d((tokens_per_tile * group) as u32),
+            CubeDim::new_1d((tiles.tokens_per_tile * tiles.group) as u32),
             into_contiguous(self.queries).into_tensor_arg(),
             into_contiguous(self.keys).into_tensor_arg(),
             into_contiguous(self.values).into_tensor_arg(),
@@ -119,7 +118,7 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
             output.clone().into_tensor_arg(),
             (head_dim as f32).powf(-0.5),
             head_dim,
-            group,
+            tiles.group,
             dtype.into(),
         );
     }

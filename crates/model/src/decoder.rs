@@ -5,7 +5,7 @@
 
 use burn::tensor::{activation::silu, backend::Backend, Int, Tensor, TensorData};
 
-use crate::attention::{PaddedPlan, PrefixKv};
+use crate::attention::PrefixKv;
 use crate::backend::{AttentionPlan, ScoringBackend};
 use crate::config::ModelConfig;
 use crate::layout::ItemLayout;
@@ -245,10 +245,11 @@ impl<B: ScoringBackend> DecoderModel<B> {
         let rope = Rope::new(&layout.positions(), &c.rope.inverse_frequencies(c.head_dim), &device);
         let prefix_spans: Vec<(usize, usize)> = group_queries.iter().map(|&q| queries.span(q)).collect();
         let group = c.num_attention_heads / c.num_key_value_heads;
-        let attention = match self.hot_paths {
-            HotPaths::Backend => AttentionPlan::new(self.attention_route, layout, &prefix_spans, group, &device),
-            HotPaths::Plain => AttentionPlan::Cascade(PaddedPlan::new(layout, group, &device)),
+        let route = match self.hot_paths {
+            HotPaths::Backend => self.attention_route,
+            HotPaths::Plain => AttentionRoute::Cascade,
         };
+        let attention = AttentionPlan::new(route, layout, &prefix_spans, group, &device);
         let (q_width, kv_width) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
 
         for (index, layer) in self.layers.iter().enumerate() {
