@@ -63,7 +63,7 @@ mod runtime {
 }
 #[cfg(feature = "cuda")]
 mod runtime {
-    pub type Runtime = burn::backend::cuda::CudaRuntime;
+    pub type Runtime = burn_cubecl::cubecl::cuda::CudaRuntime;
     pub type Fused = burn::backend::Cuda;
     pub const NAME: &str = "cuda";
 }

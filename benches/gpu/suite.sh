@@ -6,7 +6,7 @@
 #   TALLY_SUITE_DRY_RUN=1 benches/gpu/suite.sh   # here, on the CPU with the tiny preset
 #
 # Stages (TALLY_SUITE_STAGES, default all; the headline numbers first): env scenario peers attention
-# fixtures kernels load wgpu. TALLY_SUITE_DTYPES, TALLY_SUITE_CASES and TALLY_SUITE_PEER_SCENARIOS narrow them.
+# fixtures kernels load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_CASES and TALLY_SUITE_PEER_SCENARIOS narrow them.
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,7 +16,7 @@ repo=$PWD
 OUT=${OUT:-$repo/target/gpu-suite}
 out=/tmp/tally-suite/results
 rm -rf "$out" && mkdir -p "$OUT" "$out"
-stages=${TALLY_SUITE_STAGES:-env scenario peers attention fixtures kernels load wgpu}
+stages=${TALLY_SUITE_STAGES:-env scenario peers attention fixtures kernels load wgpu chart}
 dry=${TALLY_SUITE_DRY_RUN:-0}
 bin=/tmp/tally-suite
 mkdir -p $bin
@@ -163,6 +163,11 @@ load_stage() {
     return $ok
 }
 
+# Everything above in one PNG, also beside the archive in $OUT.
+chart_stage() {
+    "$cuda" bench chart --results "$out" --out "$out/chart.png" && cp "$out/chart.png" "$OUT/chart.png"
+}
+
 stage env env_stage
 stage scenario scenario_stage
 stage peers peers_stage
@@ -171,5 +176,6 @@ stage fixtures fixtures_stage
 stage kernels kernels_stage
 stage load load_stage
 stage wgpu wgpu_stage
+stage chart chart_stage
 echo "suite: $failures stage(s) failed; results in $OUT/suite-results.tgz"
 exit $failures

@@ -69,6 +69,7 @@ pub fn run(args: LoadArgs) -> Result<()> {
     let percentile = |p: f64| latencies.get(((latencies.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied().unwrap_or(f64::NAN);
     let ok = latencies.len();
     let summary = json!({
+        "benchmark": "load",
         "url": base,
         "qps": args.qps,
         "duration_s": args.duration,

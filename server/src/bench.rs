@@ -14,6 +14,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Load(args) => tally_bench::load::run(args),
         BenchCommand::Soak(args) => tally_bench::soak::run(args),
+        BenchCommand::Chart(args) => tally_bench::chart::run(args),
         BenchCommand::Scenario(command) => {
             let out = command.bench.out.clone();
             let result = dispatch(command.device, command)?;

@@ -55,6 +55,8 @@ pub enum BenchCommand {
     /// Starts `tally serve` and runs mixed valid and invalid load at a multiple of its capacity
     /// for minutes; reports requests lost, status counts and the RSS slope.
     Soak(tally_bench::soak::SoakArgs),
+    /// A PNG chart of a folder of results: scenarios beside the PyTorch peers, load's P99 latency.
+    Chart(tally_bench::chart::ChartArgs),
 }
 
 /// `tally bench scenario`: the benchmark's flags and the backend's.

@@ -18,7 +18,7 @@ pub type Reference = NdArray<f32>;
 #[cfg(not(feature = "cuda"))]
 pub type GpuRuntime = burn::backend::wgpu::WgpuRuntime;
 #[cfg(feature = "cuda")]
-pub type GpuRuntime = burn::backend::cuda::CudaRuntime;
+pub type GpuRuntime = burn_cubecl::cubecl::cuda::CudaRuntime;
 
 /// The plain CubeCL backend (what the browser runs), float type `F`.
 pub type Gpu<F = f32> = CubeBackend<GpuRuntime, F, i32, u32>;
