@@ -118,7 +118,7 @@ fn padded_attention<B: Backend>(queries: Tensor<B, 4>, keys: Tensor<B, 4>, value
 fn own_item_attention<B: Backend>(queries: Tensor<B, 5>, keys: Tensor<B, 4>, values: Tensor<B, 4>, causal_bias: &Tensor<B, 2>) -> Partial<B> {
     let [items, kv_heads, len, group, head_dim] = queries.dims();
     let queries = queries.reshape([items, kv_heads, len * group, head_dim]);
-    let scores = queries.matmul(keys.swap_dims(2, 3)) + causal_bias.clone().unsqueeze::<4>();
+    let scores = queries.matmul(transposed_keys(keys)) + causal_bias.clone().unsqueeze::<4>();
     let (output, lse) = softmax_times_values(scores, values);
     Partial { output, lse }
 }
@@ -139,7 +139,7 @@ fn prefix_attention<B: Backend>(queries: Tensor<B, 5>, groups: &[(&PrefixKv<B>, 
         } else {
             // [kv, count·rows, d]: one batched matmul per KV head covers every item of the group.
             let group_queries = queries.clone().narrow(0, first, count).swap_dims(0, 1).reshape([kv_heads, count * rows, head_dim]);
-            let scores = group_queries.matmul(prefix.keys.clone().swap_dims(1, 2));
+            let scores = group_queries.matmul(transposed_keys(prefix.keys.clone()));
             let (output, lse) = softmax_times_values(scores, prefix.values.clone());
             let item_major = |t: Tensor<B, 3>| {
                 let width = t.dims()[2];
@@ -153,12 +153,24 @@ fn prefix_attention<B: Backend>(queries: Tensor<B, 5>, groups: &[(&PrefixKv<B>, 
     Partial { output: Tensor::cat(outputs, 0), lse: Tensor::cat(lses, 0) }
 }
 
+/// `keys` with the last two dimensions swapped, copied contiguous: the right-hand side of
+/// `queries · keysᵀ`. CubeCL's autotuned matmul (cubek 0.10, seen on wgpu) returns wrong scores
+/// (off by 0.5) for some shapes when that side is a transposed view and head_dim is not a power
+/// of two (head_dim 24 against 600+ keys); the copy is one pass over the keys, small beside
+/// the scores. Burn 0.21 has no `contiguous()`: `cat` of one tensor is a copy in every backend.
+fn transposed_keys<B: Backend, const D: usize>(keys: Tensor<B, D>) -> Tensor<B, D> {
+    Tensor::cat(vec![keys.swap_dims(D - 2, D - 1)], 0)
+}
+
 /// Softmax of `scores` over the last dimension, times `values`; with the log-sum-exp per row.
+///
+/// The weights are normalised before the matmul, as `exp(scores − lse)`. Dividing the matmul's
+/// output by the row sums instead, with those sums also feeding the log-sum-exp, is computed
+/// wrong by burn-fusion 0.21 (wgpu; off by O(1), see `benches/gpu/NOTES.md`).
 fn softmax_times_values<B: Backend, const D: usize>(scores: Tensor<B, D>, values: Tensor<B, D>) -> (Tensor<B, D>, Tensor<B, D>) {
     let max = scores.clone().max_dim(D - 1);
-    let weights = (scores - max.clone()).exp();
-    let sum = weights.clone().sum_dim(D - 1);
-    (weights.matmul(values) / sum.clone(), max + sum.log())
+    let lse = max.clone() + (scores.clone() - max).exp().sum_dim(D - 1).log();
+    ((scores - lse.clone()).exp().matmul(values), lse)
 }
 
 /// `[L·group, L]` additive mask: row `r` (position `r / group`) sees keys `0..=r / group`.
