@@ -110,12 +110,12 @@ impl Results {
         }
     }
 
-    /// The scenarios present, in order (s1 before s2).
-    fn scenarios(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.bars.iter().map(|bar| bar.scenario.clone()).collect();
+    /// The bars of each scenario present, scenarios in order (s1 before s2).
+    fn by_scenario(&self) -> Vec<(&str, Vec<&Bar>)> {
+        let mut names: Vec<&str> = self.bars.iter().map(|bar| bar.scenario.as_str()).collect();
         names.sort();
         names.dedup();
-        names
+        names.into_iter().map(|name| (name, self.bars.iter().filter(|bar| bar.scenario == name).collect())).collect()
     }
 }
 
@@ -148,9 +148,9 @@ const GOAL: RGBColor = RGBColor(204, 0, 0);
 /// Draws the scenario panels side by side on top and the load panel under them.
 pub fn draw(results: &Results, out: &Path) -> Result<()> {
     register_font();
-    let scenarios = results.scenarios();
+    let scenarios = results.by_scenario();
     // Every panel gets as many rows as the fullest one, so bars are the same height in all.
-    let rows = scenarios.iter().map(|s| results.bars.iter().filter(|b| &b.scenario == s).count()).max().unwrap_or(0).max(1);
+    let rows = scenarios.iter().map(|(_, bars)| bars.len()).max().unwrap_or(0).max(1);
     let bars_px = 110 + BAR_ROW_PX * rows as u32;
     let load_px = if results.load.is_empty() { 60 } else { LOAD_PANEL_PX };
     let root = BitMapBackend::new(out, (WIDTH, 50 + bars_px + load_px)).into_drawing_area();
@@ -161,10 +161,9 @@ pub fn draw(results: &Results, out: &Path) -> Result<()> {
     if scenarios.is_empty() {
         top.draw_text("no scenario or peer results", &("sans-serif", 18).into_text_style(&top), (40, 40))?;
     } else {
-        for (area, scenario) in top.split_evenly((1, scenarios.len())).iter().zip(&scenarios) {
-            let bars: Vec<&Bar> = results.bars.iter().filter(|b| &b.scenario == scenario).collect();
+        for (area, (scenario, bars)) in top.split_evenly((1, scenarios.len())).iter().zip(&scenarios) {
             let goal = SCENARIO_GOALS.iter().find(|(name, _)| name == scenario).map(|(_, goal)| *goal);
-            draw_scenario(area, scenario, &bars, rows, goal)?;
+            draw_scenario(area, scenario, bars, rows, goal)?;
         }
     }
     draw_load(&bottom, &results.load)?;
@@ -277,7 +276,8 @@ mod tests {
         assert_eq!(bar("PyTorch padded bf16").items_per_second, 82.0);
         assert_eq!(results.bars.len(), 4, "the attention result draws no bar");
         assert_eq!(results.load, vec![LoadPoint { items_per_second: 1000.0, p99_ms: 120.0 }, LoadPoint { items_per_second: 3000.0, p99_ms: 400.0 }]);
-        assert_eq!(results.scenarios(), ["s1", "s2"]);
+        let scenarios: Vec<(&str, usize)> = results.by_scenario().into_iter().map(|(name, bars)| (name, bars.len())).collect();
+        assert_eq!(scenarios, [("s1", 3), ("s2", 1)]);
     }
 
     #[test]
