@@ -54,7 +54,8 @@ def page_timings(page, url, request, warm):
 def native_timings(binary, model, request, warm):
     port = browser.free_port()
     started = time.time()
-    server = subprocess.Popen([binary, "serve", "--backend", "wgpu", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)],
+    # Cold on both sides: the page has no warm-up, so the server skips its own.
+    server = subprocess.Popen([binary, "serve", "--backend", "wgpu", "--no-warmup", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"

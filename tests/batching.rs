@@ -1,5 +1,5 @@
-//! Engine-level batching: requests with different queries share forward passes, and the prefix
-//! cache returns exactly what a fresh prefill computes.
+//! Engine-level batching: requests with different queries share forward passes, the prefix
+//! cache returns exactly what a fresh prefill computes, and the warm-up leaves no trace.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
@@ -70,6 +70,27 @@ fn prefix_cache_hits_equal_fresh_prefills() {
     assert_eq!(stats.prefix_cache_partial_hits.load(Relaxed), 1);
     let fresh = scorer(0).score_batch(&[&other]).unwrap();
     assert_eq!(partial, fresh);
+}
+
+#[test]
+fn a_warmed_up_scorer_counts_nothing_and_answers_as_before() {
+    let options = ScorerOptions { pass_budget: tally_core::PassBudget { max_tokens: 64, ..Default::default() }, prefix_cache_bytes: 64 << 20 };
+    let mut scorer = Scorer::<Cpu>::load(&fixtures().join("models/tied-gqa"), &Default::default(), options).unwrap();
+    let mut steps = Vec::new();
+    scorer.warm_up(&mut |done, total, step| steps.push((done, total, step.query_tokens))).unwrap();
+    let total = steps.len();
+    assert!(total > 10 && steps.iter().enumerate().all(|(i, &(done, all, _))| done == i + 1 && all == total));
+    assert_eq!(steps.iter().map(|s| s.2).max(), Some(1024), "queries as long as two prefill chunks ran");
+
+    let stats = scorer.stats();
+    let counters = [&stats.items_scored, &stats.prefix_cache_hits, &stats.prefix_cache_partial_hits, &stats.prefix_cache_misses, &stats.prefix_cache_bytes];
+    assert!(counters.iter().all(|c| c.load(Relaxed) == 0), "the warm-up shows in the statistics");
+    let (request, expected) = case("tied_long_query");
+    let input = scorer.preparer().prepare(&request).unwrap();
+    assert_close(&scorer.score_batch(&[&input]).unwrap()[0], &expected, 1e-3);
+    let warmup_request = &tally_engine::warmup_steps(64, scorer.preparer().limits())[0].batches[0][0];
+    scorer.score_batch(&[warmup_request]).unwrap();
+    assert_eq!(stats.prefix_cache_hits.load(Relaxed), 0, "the prefix cache starts empty after the warm-up");
 }
 
 /// A request nobody waits for any more is dropped between passes; the others keep their answers.

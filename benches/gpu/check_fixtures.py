@@ -30,7 +30,8 @@ class Server:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
-        args = [tally, "serve", "--model", str(FIXTURES / "models" / model), "--port", str(self.port), "--backend", backend, "--dtype", dtype, "--attention", attention]
+        # No warm-up: each fixture model would tune its own shapes; the load stage's server warms up.
+        args = [tally, "serve", "--model", str(FIXTURES / "models" / model), "--port", str(self.port), "--backend", backend, "--dtype", dtype, "--attention", attention, "--no-warmup"]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:

@@ -155,7 +155,10 @@ load_stage() {
     local port=18123 ok=0
     "$cuda" serve --model $model --backend $gpu --dtype $load_dtype --port $port --max-queue 100000 >"$out/serve.log" 2>&1 &
     local server=$!
-    for _ in $(seq 600); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
+    # The server listens once its warm-up (every pass shape compiled and tuned) is done.
+    for _ in $(seq 1200); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
+    curl -sf localhost:$port/health >/dev/null || { echo "load: the server did not come up (serve.log)"; ok=1; }
+    grep -h "warmed up in" "$out/serve.log"
     for qps in $load_levels; do
         "$cuda" bench load --url http://127.0.0.1:$port --qps $qps --duration $load_seconds --prompt-tokens 300 --items-per-request 10 --item-tokens 20 --out "$out/load-qps$qps.json" || ok=1
     done

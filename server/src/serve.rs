@@ -3,7 +3,7 @@
 
 use std::io::IsTerminal;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use axum::http::StatusCode;
@@ -13,9 +13,9 @@ use hyper_util::service::TowerToHyperService;
 use tokio::sync::Semaphore;
 use tally_model::ScoringBackend;
 use tally_core::PassBudget;
-use tally_engine::{Reranker, Scheduler, SchedulerOptions, ScorerOptions};
+use tally_engine::{Reranker, Scheduler, SchedulerOptions, Scorer, ScorerOptions};
 
-use crate::backend::{dispatch, WithBackend};
+use crate::backend::{dispatch, BackendKind, WithBackend};
 use crate::cli::ServeArgs;
 use crate::http::auth::AuthConfig;
 use crate::http::error::ApiError;
@@ -55,7 +55,10 @@ impl WithBackend for ServeArgs {
             pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() },
             prefix_cache_bytes: self.prefix_cache_mib << 20,
         };
-        let scorer = crate::loading::load_scorer::<B>(&dir, &device, options, self.device.attention)?.with_model_name(name);
+        let mut scorer = crate::loading::load_scorer::<B>(&dir, &device, options, self.device.attention)?.with_model_name(name);
+        if self.device.backend != BackendKind::Cpu && !self.no_warmup {
+            warm_up(&mut scorer)?;
+        }
         let preparer = scorer.preparer().clone();
         let rerank = Reranker::new(self.rerank.template(), &preparer).map(Arc::new).map_err(|reason| {
             tracing::warn!("/v1/rerank is disabled: {reason}");
@@ -76,6 +79,18 @@ impl WithBackend for ServeArgs {
         let state = AppState::new(scheduler, preparer, rerank, limits, auth);
         Ok((state, format!("{}:{}", self.host, self.port), self.cors_allow_origin.clone()))
     }
+}
+
+/// One pass of every shape class before listening, logged step by step: on a cold GPU this
+/// compiles the kernels and tunes the matmuls, and is worth watching.
+fn warm_up<B: ScoringBackend>(scorer: &mut Scorer<B>) -> Result<()> {
+    let started = Instant::now();
+    tracing::info!("warming up: one pass per shape class before listening (--no-warmup skips)");
+    scorer
+        .warm_up(&mut |done, total, step| tracing::info!("warm-up {done}/{total}: {}-token query, {} item tokens a pass ({:.1} s)", step.query_tokens, step.pass_tokens, started.elapsed().as_secs_f64()))
+        .context("the warm-up pass failed")?;
+    tracing::info!("warmed up in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
 }
 
 /// How connections are held: what a client may cost the server before it is let go.

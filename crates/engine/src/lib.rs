@@ -4,7 +4,8 @@
 //! ([`prepare`]) → queued and batched with concurrent requests ([`scheduler`]) → each query
 //! prefilled once or taken from the [`prefix_cache`] → items of all batched requests split into
 //! shared passes ([`tally_core::plan_passes`]) → label probabilities ([`scorer`]).
-//! [`rerank`] turns (query, documents) into such a request.
+//! [`rerank`] turns (query, documents) into such a request; [`warmup`] runs every pass shape
+//! once before a server reports ready.
 
 pub mod prefix_cache;
 pub mod prepare;
@@ -13,6 +14,7 @@ pub mod scheduler;
 pub mod scorer;
 pub mod stats;
 pub mod tokenizer;
+pub mod warmup;
 
 pub use prepare::{RequestError, RequestPreparer};
 pub use rerank::{RerankSetupError, RerankTemplate, Reranker};
@@ -20,3 +22,4 @@ pub use scheduler::{ScheduleError, Scheduler, SchedulerOptions};
 pub use scorer::{EngineError, Scorer, ScorerOptions};
 pub use stats::{EngineStats, Histogram};
 pub use tokenizer::{PromptPart, TextTokenizer};
+pub use warmup::{warmup_steps, WarmupStep};

@@ -13,6 +13,7 @@ use crate::prefix_cache::PrefixLru;
 use crate::prepare::{RequestError, RequestPreparer};
 use crate::stats::EngineStats;
 use crate::tokenizer::{TextTokenizer, TokenizerError};
+use crate::warmup::{warmup_steps, WarmupStep};
 
 /// Why scoring failed: the request (the caller's fault), or loading and running the model.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +97,25 @@ impl<B: ScoringBackend> Scorer<B> {
 
     pub fn stats(&self) -> Arc<EngineStats> {
         Arc::clone(&self.stats)
+    }
+
+    /// Runs every pass shape class traffic can bring ([`warmup_steps`] for this scorer's pass
+    /// budget), so kernels are compiled and matmuls tuned before the first request;
+    /// `progress(done, total, step)` after each step. It leaves no trace: the prefix cache
+    /// starts empty afterwards and the statistics never see it.
+    pub fn warm_up(&mut self, progress: &mut dyn FnMut(usize, usize, &WarmupStep)) -> Result<(), EngineError> {
+        let steps = warmup_steps(self.options.pass_budget.max_tokens, self.preparer.limits());
+        let stats = std::mem::take(&mut self.stats);
+        let outcome = steps.iter().enumerate().try_for_each(|(done, step)| {
+            for batch in &step.batches {
+                self.score_batch(&batch.iter().collect::<Vec<_>>())?;
+            }
+            progress(done + 1, steps.len(), step);
+            Ok(())
+        });
+        self.stats = stats;
+        self.prefix_cache = PrefixLru::new(self.options.prefix_cache_bytes);
+        outcome
     }
 
     /// Validates, tokenizes and scores one request.
