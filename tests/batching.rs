@@ -72,6 +72,33 @@ fn prefix_cache_hits_equal_fresh_prefills() {
     assert_eq!(partial, fresh);
 }
 
+/// Concurrent requests' queries are prefilled together (one pass per chunk); each gets what a
+/// lone prefill gives, a repeated query runs once, and a beginning two queries share within
+/// the batch is computed once.
+#[test]
+fn a_batchs_cache_misses_are_prefilled_together_and_share_their_common_part() {
+    let (request, _) = case("tied_long_query");
+    let mut cached = scorer(64 << 20);
+    let long = cached.preparer().prepare(&request).unwrap();
+    assert!((1537..2048).contains(&long.query.len()), "its cacheable part is three chunks");
+    let mut shorter = long.clone();
+    shorter.query.truncate(1100);
+    let mut short = long.clone();
+    short.query = long.query[..40].iter().rev().copied().collect();
+    let inputs = [&long, &shorter, &short, &long];
+    let together = cached.score_batch(&inputs).unwrap();
+    for (input, got) in inputs.iter().zip(&together) {
+        let alone = scorer(0).score_batch(&[input]).unwrap().remove(0);
+        assert_close(got, &alone, 1e-4);
+    }
+    let stats = cached.stats();
+    // `shorter`'s first 1,024 tokens once (the start of `long`'s cacheable 1,536 too), then
+    // `long`'s next 512 and its rest, `shorter`'s last 76, `short`.
+    assert_eq!(stats.prefill_tokens.load(Relaxed) as usize, long.query.len() + 76 + 40);
+    let counts = [&stats.prefix_cache_hits, &stats.prefix_cache_partial_hits, &stats.prefix_cache_misses].map(|c| c.load(Relaxed));
+    assert_eq!(counts, [1, 0, 3]);
+}
+
 #[test]
 fn a_warmed_up_scorer_counts_nothing_and_answers_as_before() {
     let options = ScorerOptions { pass_budget: tally_core::PassBudget { max_tokens: 64, ..Default::default() }, prefix_cache_bytes: 64 << 20 };
@@ -83,7 +110,7 @@ fn a_warmed_up_scorer_counts_nothing_and_answers_as_before() {
     assert_eq!(steps.iter().map(|s| s.2).max(), Some(1024), "queries as long as two prefill chunks ran");
 
     let stats = scorer.stats();
-    let counters = [&stats.items_scored, &stats.prefix_cache_hits, &stats.prefix_cache_partial_hits, &stats.prefix_cache_misses, &stats.prefix_cache_bytes];
+    let counters = [&stats.items_scored, &stats.prefix_cache_hits, &stats.prefix_cache_partial_hits, &stats.prefix_cache_misses, &stats.prefix_cache_bytes, &stats.prefill_tokens];
     assert!(counters.iter().all(|c| c.load(Relaxed) == 0), "the warm-up shows in the statistics");
     let (request, expected) = case("tied_long_query");
     let input = scorer.preparer().prepare(&request).unwrap();

@@ -15,7 +15,8 @@ use burn::backend::NdArray;
 use burn_cubecl::CubeBackend;
 use tally_model::{DecoderModel, HotPaths, ItemGroup, LabelTable, ModelFiles, ScoringBackend};
 
-/// Label log-probabilities of three items after one query, `[items][labels]`.
+/// Label log-probabilities of three items after two queries prefilled together (a short one,
+/// and one of two chunks), two items on the first, one on the second, `[items][labels]`.
 fn label_logprobs<B: ScoringBackend>(model_dir: &Path, hot_paths: HotPaths) -> Vec<f32> {
     let opened = ModelFiles::locate(model_dir).and_then(|files| files.open()).expect("fixture model opens");
     let device = B::Device::default();
@@ -23,11 +24,11 @@ fn label_logprobs<B: ScoringBackend>(model_dir: &Path, hot_paths: HotPaths) -> V
     model.set_hot_paths(hot_paths);
     let vocab = opened.config.vocab_size as u32;
     let token = |i: u32| (i * 37 + 11) % vocab;
-    let query: Vec<u32> = (0..23).map(token).collect();
+    let queries: [Vec<u32>; 2] = [(0..23).map(token).collect(), (500..1030).map(token).collect()];
     let items: Vec<Vec<u32>> = [1, 6, 19].iter().map(|&len| (100..100 + len).map(token).collect()).collect();
-    let prefix = model.prefill(&query);
-    let group = ItemGroup { query: 0, items: items.iter().map(Vec::as_slice).collect() };
-    let hidden = model.last_hidden(&model.query_batch(vec![prefix]), &[group]);
+    let prefixes = model.prefill_batch(vec![model.empty_query(), model.empty_query()], &[&queries[0], &queries[1]]);
+    let groups = [ItemGroup { query: 0, items: vec![&items[0], &items[1]] }, ItemGroup { query: 1, items: vec![&items[2]] }];
+    let hidden = model.last_hidden(&model.query_batch(prefixes), &groups);
     let labels = LabelTable::new(&[&[0, 1, vocab - 1], &[2, 3, 4], &[5, vocab / 2, 6]]);
     model.label_logprobs(hidden, &labels).into_data().to_vec().expect("f32 log-probabilities")
 }

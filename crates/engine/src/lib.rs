@@ -2,11 +2,12 @@
 //!
 //! Request path: [`ScoreRequest`](tally_core::ScoreRequest) → tokenized and validated
 //! ([`prepare`]) → queued and batched with concurrent requests ([`scheduler`]) → each query
-//! prefilled once or taken from the [`prefix_cache`] → items of all batched requests split into
-//! shared passes ([`tally_core::plan_passes`]) → label probabilities ([`scorer`]).
+//! taken from the [`prefix_cache`] or prefilled, the batch's misses together ([`prefill`]) →
+//! items of all batched requests split into shared passes ([`tally_core::plan_passes`]) → label probabilities ([`scorer`]).
 //! [`rerank`] turns (query, documents) into such a request; [`warmup`] runs every pass shape
 //! once before a server reports ready.
 
+pub mod prefill;
 pub mod prefix_cache;
 pub mod prepare;
 pub mod rerank;

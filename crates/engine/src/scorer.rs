@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
-use tally_model::{AttentionRoute, DecoderModel, HotPaths, ItemGroup, LabelTable, LoadError, OpenedModel, QueryKv, ScoringBackend, PREFILL_CHUNK};
+use tally_model::{AttentionRoute, DecoderModel, HotPaths, ItemGroup, LabelTable, LoadError, OpenedModel, ScoringBackend};
 
+use crate::prefill::prefill_queries;
 use crate::prefix_cache::PrefixLru;
 use crate::prepare::{RequestError, RequestPreparer};
 use crate::stats::EngineStats;
@@ -151,15 +152,9 @@ impl<B: ScoringBackend> Scorer<B> {
 
     /// [`Self::score_batch_while`] with asynchronous readback; the one implementation of both.
     async fn score_batch_while_async(&mut self, inputs: &[&ScoreInput], wanted: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Vec<Vec<f64>>>>, EngineError> {
-        let mut dropped = vec![false; inputs.len()];
-        let queries: Vec<QueryKv<B>> = inputs
-            .iter()
-            .enumerate()
-            .map(|(r, input)| {
-                dropped[r] = !wanted(r);
-                if input.item_first || dropped[r] { self.model.empty_query() } else { self.query_kv(&input.query) }
-            })
-            .collect();
+        let mut dropped: Vec<bool> = (0..inputs.len()).map(|r| !wanted(r)).collect();
+        let wanted_queries: Vec<Option<&[u32]>> = inputs.iter().zip(&dropped).map(|(input, &dropped)| (!input.item_first && !dropped).then_some(&*input.query)).collect();
+        let queries = prefill_queries(&self.model, &mut self.prefix_cache, &self.stats, &wanted_queries, self.options.pass_budget.max_tokens);
         let queries = self.model.query_batch(queries);
         let sequences: Vec<Vec<Cow<[u32]>>> = inputs
             .iter()
@@ -219,43 +214,6 @@ impl<B: ScoringBackend> Scorer<B> {
         self.stats.tokens_scored.fetch_add(kept().map(|i| i.prompt_tokens() as u64).sum(), Relaxed);
         self.stats.requests_abandoned.fetch_add(dropped.iter().filter(|&&d| d).count() as u64, Relaxed);
         Ok(scores.into_iter().zip(dropped).map(|(scores, dropped)| (!dropped).then_some(scores)).collect())
-    }
-
-    /// The query's K/V: from the cache, or prefilled (resuming from its longest cached
-    /// chunk-aligned part, so a shared system prompt is computed once across requests).
-    fn query_kv(&mut self, query: &[u32]) -> QueryKv<B> {
-        if !self.prefix_cache.is_enabled() {
-            return self.model.prefill(query);
-        }
-        if let Some(hit) = self.prefix_cache.get(query) {
-            self.stats.prefix_cache_hits.fetch_add(1, Relaxed);
-            return hit;
-        }
-        // Resume from the longest cached chunk-aligned part; store the longest aligned part of
-        // this query (strictly shorter than it) for the next query with the same beginning.
-        let aligned = (query.len() - 1) / PREFILL_CHUNK * PREFILL_CHUNK;
-        let cached = (1..=aligned / PREFILL_CHUNK).rev().find_map(|k| Some((k * PREFILL_CHUNK, self.prefix_cache.get(&query[..k * PREFILL_CHUNK])?)));
-        let (start, base) = match cached {
-            Some((start, base)) => {
-                self.stats.prefix_cache_partial_hits.fetch_add(1, Relaxed);
-                (start, base)
-            }
-            None => {
-                self.stats.prefix_cache_misses.fetch_add(1, Relaxed);
-                (0, self.model.empty_query())
-            }
-        };
-        let base = if start < aligned {
-            let base = self.model.prefill_from(base, &query[start..aligned]);
-            self.prefix_cache.insert(&query[..aligned], base.clone());
-            base
-        } else {
-            base
-        };
-        let prefix = self.model.prefill_from(base, &query[aligned..]);
-        self.prefix_cache.insert(query, prefix.clone());
-        self.stats.prefix_cache_bytes.store(self.prefix_cache.used_bytes() as u64, Relaxed);
-        prefix
     }
 }
 

@@ -46,6 +46,8 @@ pub struct EngineStats {
     pub prefix_cache_partial_hits: AtomicU64,
     pub prefix_cache_misses: AtomicU64,
     pub prefix_cache_bytes: AtomicU64,
+    /// Query tokens run through the model (what the prefix cache did not hold).
+    pub prefill_tokens: AtomicU64,
     /// Requests dropped unscored or part-scored because their client left or their deadline passed.
     pub requests_abandoned: AtomicU64,
     /// Requests scored together in one batch.
@@ -64,6 +66,7 @@ impl Default for EngineStats {
             prefix_cache_partial_hits: AtomicU64::new(0),
             prefix_cache_misses: AtomicU64::new(0),
             prefix_cache_bytes: AtomicU64::new(0),
+            prefill_tokens: AtomicU64::new(0),
             requests_abandoned: AtomicU64::new(0),
             batch_requests: Histogram::new(SIZE_BUCKETS),
             pass_items: Histogram::new(SIZE_BUCKETS),

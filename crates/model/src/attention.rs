@@ -29,6 +29,11 @@ impl<B: Backend> PrefixKv<B> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Tokens `start..start + len`.
+    pub(crate) fn tokens(&self, start: usize, len: usize) -> Self {
+        PrefixKv { keys: self.keys.clone().narrow(1, start, len), values: self.values.clone().narrow(1, start, len) }
+    }
 }
 
 /// What the padded path computes once per pass and every layer reuses: the gathers between

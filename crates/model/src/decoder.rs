@@ -176,20 +176,37 @@ impl<B: ScoringBackend> DecoderModel<B> {
     /// attending to the K/V of the chunks before it (a one-item pass over that prefix), so
     /// attention memory grows with `chunk × query`, not `query²`.
     pub fn prefill(&self, tokens: &[u32]) -> QueryKv<B> {
-        self.prefill_from(self.empty_query(), tokens)
+        self.prefill_batch(vec![self.empty_query()], &[tokens]).remove(0)
     }
 
-    /// Extends a query's K/V by `tokens`, as if `query + tokens` had been prefilled from scratch
-    /// (exactly so when `query.len()` is a multiple of [`PREFILL_CHUNK`]).
-    pub fn prefill_from(&self, query: QueryKv<B>, tokens: &[u32]) -> QueryKv<B> {
-        let mut cache = query;
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
+    /// Extends each query's K/V by its tokens, as if `query + tokens` had been prefilled from
+    /// scratch (exactly so when `query.len()` is a multiple of [`PREFILL_CHUNK`]). Chunk `c`
+    /// of every sequence runs in one pass, each chunk attending to its own query only, so `n`
+    /// queries cost one pass per chunk instead of `n`; the caller bounds that pass (`n` chunks
+    /// of up to [`PREFILL_CHUNK`] tokens).
+    pub fn prefill_batch(&self, queries: Vec<QueryKv<B>>, tokens: &[&[u32]]) -> Vec<QueryKv<B>> {
+        assert_eq!(queries.len(), tokens.len(), "one token list per query");
+        let mut caches = queries;
+        let rounds = tokens.iter().map(|t| t.len().div_ceil(PREFILL_CHUNK)).max().unwrap_or(0);
+        for round in 0..rounds {
+            let start = round * PREFILL_CHUNK;
+            let active: Vec<usize> = (0..tokens.len()).filter(|&s| tokens[s].len() > start).collect();
+            let chunks: Vec<&[u32]> = active.iter().map(|&s| &tokens[s][start..tokens[s].len().min(start + PREFILL_CHUNK)]).collect();
+            let lens: Vec<[usize; 1]> = chunks.iter().map(|chunk| [chunk.len()]).collect();
+            let layout = ItemLayout::new(active.iter().zip(&lens).map(|(&s, len)| (caches[s].len(), &len[..])));
+            let batch = self.query_batch(active.iter().map(|&s| caches[s].clone()).collect());
+            let group_queries: Vec<usize> = (0..active.len()).collect();
             let mut chunk_kv = Vec::with_capacity(self.layers.len());
-            let layout = ItemLayout::new([(cache.len(), &[chunk.len()][..])]);
-            self.forward(chunk, &layout, &self.query_batch(vec![cache.clone()]), &[0], Some(&mut chunk_kv));
-            cache = cache.extended(chunk_kv, chunk.len());
+            self.forward(&chunks.concat(), &layout, &batch, &group_queries, Some(&mut chunk_kv));
+            let mut offset = 0;
+            for (&s, chunk) in active.iter().zip(&chunks) {
+                // One sequence keeps the pass's K/V as it is, as a lone prefill always has.
+                let part = if active.len() == 1 { std::mem::take(&mut chunk_kv) } else { chunk_kv.iter().map(|kv| kv.tokens(offset, chunk.len())).collect() };
+                caches[s] = caches[s].clone().extended(part, chunk.len());
+                offset += chunk.len();
+            }
         }
-        cache
+        caches
     }
 
     /// The queries of a batch of requests, for every pass of [`Self::last_hidden`] over their
@@ -231,8 +248,8 @@ impl<B: ScoringBackend> DecoderModel<B> {
     }
 
     /// Runs the packed tokens of `layout` through all layers; returns `[tokens, hidden]`.
-    /// Group `g` attends to query `group_queries[g]` of `queries`. With `keep_kv`, the (single)
-    /// sequence's K/V per layer is pushed there, in prefix layout.
+    /// Group `g` attends to query `group_queries[g]` of `queries`. With `keep_kv`, the pass's
+    /// K/V per layer (every token, in order) is pushed there, in prefix layout.
     fn forward(&self, tokens: &[u32], layout: &ItemLayout, queries: &QueryBatch<B>, group_queries: &[usize], mut keep_kv: Option<&mut Vec<PrefixKv<B>>>) -> Tensor<B, 2> {
         let c = &self.config;
         let device = self.device();

@@ -1,0 +1,121 @@
+//! The queries of a batch of requests: each taken from the prefix cache, or prefilled — every
+//! cache miss of the batch together, one pass per chunk rather than one per query, each
+//! resuming from its longest cached chunk-aligned part (so a shared system prompt is computed
+//! once, across requests and within a batch).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+
+use tally_model::{DecoderModel, QueryKv, ScoringBackend, PREFILL_CHUNK};
+
+use crate::prefix_cache::PrefixLru;
+use crate::stats::EngineStats;
+
+/// K/V for each of `queries` (`None`: an empty query). Distinct queries are computed once;
+/// each prefill pass holds at most `max_tokens` query tokens (at least one query).
+pub fn prefill_queries<B: ScoringBackend>(
+    model: &DecoderModel<B>,
+    cache: &mut PrefixLru<B>,
+    stats: &EngineStats,
+    queries: &[Option<&[u32]>],
+    max_tokens: usize,
+) -> Vec<QueryKv<B>> {
+    let mut distinct: Vec<&[u32]> = Vec::new();
+    for query in queries.iter().flatten() {
+        if !distinct.contains(query) {
+            distinct.push(query);
+        }
+    }
+    let mut done: HashMap<&[u32], QueryKv<B>> = HashMap::new();
+    if !cache.is_enabled() {
+        let empty = || model.empty_query();
+        done.extend(distinct.iter().copied().zip(prefill_in_passes(model, stats, distinct.iter().map(|&q| (empty(), q)).collect(), max_tokens)));
+    } else {
+        // A query repeated within the batch is a hit, as it would be a request later.
+        stats.prefix_cache_hits.fetch_add((queries.iter().flatten().count() - distinct.len()) as u64, Relaxed);
+        let mut missed = Vec::new();
+        for &query in &distinct {
+            match cache.get(query) {
+                Some(hit) => {
+                    stats.prefix_cache_hits.fetch_add(1, Relaxed);
+                    done.insert(query, hit);
+                }
+                None => {
+                    let counter = if longest_cached_part(cache, query, aligned_len(query)).is_some() { &stats.prefix_cache_partial_hits } else { &stats.prefix_cache_misses };
+                    counter.fetch_add(1, Relaxed);
+                    missed.push(query);
+                }
+            }
+        }
+        // Each miss's longest chunk-aligned part (strictly shorter than it) goes into the cache
+        // for the next query with the same beginning. A part that extends another part of this
+        // batch waits for it (a wave later) and resumes from it.
+        let mut pending: Vec<&[u32]> = Vec::new();
+        for &query in &missed {
+            let part = &query[..aligned_len(query)];
+            if !part.is_empty() && !pending.contains(&part) && cache.get(part).is_none() {
+                pending.push(part);
+            }
+        }
+        while !pending.is_empty() {
+            let (wave, later): (Vec<&[u32]>, Vec<&[u32]>) = pending.iter().copied().partition(|part| !pending.iter().any(|other| other.len() < part.len() && part.starts_with(other)));
+            let work = wave.iter().map(|&part| resume_point(model, cache, part, part.len())).collect();
+            for (part, kv) in wave.iter().zip(prefill_in_passes(model, stats, work, max_tokens)) {
+                cache.insert(part, kv);
+            }
+            pending = later;
+        }
+        let work = missed.iter().map(|&query| resume_point(model, cache, query, aligned_len(query))).collect();
+        for (&query, kv) in missed.iter().zip(prefill_in_passes(model, stats, work, max_tokens)) {
+            cache.insert(query, kv.clone());
+            done.insert(query, kv);
+        }
+        stats.prefix_cache_bytes.store(cache.used_bytes() as u64, Relaxed);
+    }
+    queries.iter().map(|query| query.map_or_else(|| model.empty_query(), |q| done[q].clone())).collect()
+}
+
+/// The longest multiple of [`PREFILL_CHUNK`] strictly shorter than `query`: the part worth
+/// caching for queries that begin the same way (resuming there keeps a fresh prefill's chunk
+/// boundaries, so a resumed prefill is bit-identical to one from scratch).
+fn aligned_len(query: &[u32]) -> usize {
+    query.len().saturating_sub(1) / PREFILL_CHUNK * PREFILL_CHUNK
+}
+
+/// The longest cached chunk-aligned part of `query` no longer than `limit` tokens.
+fn longest_cached_part<B: ScoringBackend>(cache: &mut PrefixLru<B>, query: &[u32], limit: usize) -> Option<QueryKv<B>> {
+    (1..=limit / PREFILL_CHUNK).rev().find_map(|k| cache.get(&query[..k * PREFILL_CHUNK]))
+}
+
+/// Where `query` resumes (its longest cached part within `limit` tokens, or nothing) and the
+/// tokens left to prefill.
+fn resume_point<'q, B: ScoringBackend>(model: &DecoderModel<B>, cache: &mut PrefixLru<B>, query: &'q [u32], limit: usize) -> (QueryKv<B>, &'q [u32]) {
+    let base = longest_cached_part(cache, query, limit).unwrap_or_else(|| model.empty_query());
+    let rest = &query[base.len()..];
+    (base, rest)
+}
+
+/// Extends each `(base, tokens)`, as many at once as fit a pass of `max_tokens` query tokens.
+fn prefill_in_passes<B: ScoringBackend>(model: &DecoderModel<B>, stats: &EngineStats, work: Vec<(QueryKv<B>, &[u32])>, max_tokens: usize) -> Vec<QueryKv<B>> {
+    stats.prefill_tokens.fetch_add(work.iter().map(|(_, tokens)| tokens.len() as u64).sum(), Relaxed);
+    let mut done = Vec::with_capacity(work.len());
+    let mut batch: Vec<(QueryKv<B>, &[u32])> = Vec::new();
+    let mut batch_tokens = 0;
+    let flush = |batch: &mut Vec<(QueryKv<B>, &[u32])>, done: &mut Vec<QueryKv<B>>| {
+        let (bases, tokens): (Vec<_>, Vec<_>) = std::mem::take(batch).into_iter().unzip();
+        done.extend(model.prefill_batch(bases, &tokens));
+    };
+    for (base, tokens) in work {
+        let chunk = tokens.len().min(PREFILL_CHUNK);
+        if !batch.is_empty() && batch_tokens + chunk > max_tokens {
+            flush(&mut batch, &mut done);
+            batch_tokens = 0;
+        }
+        batch_tokens += chunk;
+        batch.push((base, tokens));
+    }
+    if !batch.is_empty() {
+        flush(&mut batch, &mut done);
+    }
+    done
+}
