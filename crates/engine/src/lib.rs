@@ -3,7 +3,8 @@
 //! Request path: [`ScoreRequest`](tally_core::ScoreRequest) → tokenized and validated
 //! ([`prepare`]) → queued and batched with concurrent requests ([`scheduler`]) → each query
 //! taken from the [`prefix_cache`] or prefilled, the batch's misses together ([`prefill`]) →
-//! items of all batched requests split into shared passes ([`tally_core::plan_passes`]) → label probabilities ([`scorer`]).
+//! items of all batched requests split into shared passes ([`tally_core::plan_passes`]) →
+//! label probabilities ([`scorer`]).
 //! [`rerank`] turns (query, documents) into such a request; [`warmup`] runs every pass shape
 //! once before a server reports ready.
 

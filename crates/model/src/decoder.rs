@@ -200,8 +200,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
             self.forward(&chunks.concat(), &layout, &batch, &group_queries, Some(&mut chunk_kv));
             let mut offset = 0;
             for (&s, chunk) in active.iter().zip(&chunks) {
-                // One sequence keeps the pass's K/V as it is, as a lone prefill always has.
-                let part = if active.len() == 1 { std::mem::take(&mut chunk_kv) } else { chunk_kv.iter().map(|kv| kv.tokens(offset, chunk.len())).collect() };
+                let part = chunk_kv.iter().map(|kv| kv.tokens(offset, chunk.len())).collect();
                 caches[s] = caches[s].clone().extended(part, chunk.len());
                 offset += chunk.len();
             }
