@@ -151,3 +151,50 @@ fn the_plain_cascade_on_the_gpu_matches_the_cpu() {
         assert_close(&case.plain_on::<Fused>(11), &expected, 1e-4, &format!("fusion, {}", case.name()));
     }
 }
+
+/// `lhs · rhsᵀ` (or `lhs · rhs`) in float64 on the host, batched over the first dimension.
+fn host_matmul(lhs: &[f32], rhs: &[f32], [batch, m, k, n]: [usize; 4], rhs_transposed: bool) -> Vec<f32> {
+    let mut out = Vec::with_capacity(batch * m * n);
+    for b in 0..batch {
+        for i in 0..m {
+            for j in 0..n {
+                let rhs_at = |l: usize| if rhs_transposed { rhs[(b * n + j) * k + l] } else { rhs[(b * k + l) * n + j] };
+                out.push((0..k).map(|l| lhs[(b * m + i) * k + l] as f64 * rhs_at(l) as f64).sum::<f64>() as f32);
+            }
+        }
+    }
+    out
+}
+
+/// `[batch, m, k]` and `[batch, k, n]`, the latter as a transposed view of `[batch, n, k]` if asked.
+fn matmul_operands<B: burn::tensor::backend::Backend>(lhs: &[f32], rhs: &[f32], [batch, m, k, n]: [usize; 4], rhs_transposed: bool) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    let rhs = if rhs_transposed { tensor::<B, 3>(rhs, [batch, n, k]).swap_dims(1, 2) } else { tensor(rhs, [batch, k, n]) };
+    (tensor(lhs, [batch, m, k]), rhs)
+}
+
+/// The model's matmuls in float32 are float32: `f32_matmul` itself, and `ScoringBackend::matmul`
+/// on both CubeCL backend types (which take it where the device has tf32, as on CUDA). tf32
+/// rounds operands to 10 mantissa bits, ~5e-4 relative: far outside the tolerance.
+#[test]
+fn float32_matmuls_stay_float32() {
+    if !gpu::gpu_or_skip("float32_matmuls_stay_float32") {
+        return;
+    }
+    // [batch, m, k, n], right-hand side transposed: a linear, an LM-head chunk (transposed
+    // view), the cascade's batched scores (head_dim 24) and weights · values (1,000 keys).
+    let cases = [([1, 37, 576, 200], false), ([1, 37, 48, 1000], true), ([2, 28, 24, 700], true), ([2, 28, 1000, 64], false)];
+    for (seed, ([batch, m, k, n], rhs_transposed)) in cases.into_iter().enumerate() {
+        let lhs = random(30 + seed as u64, batch * m * k, 1.0);
+        let rhs = random(40 + seed as u64, batch * k * n, 1.0);
+        let expected = host_matmul(&lhs, &rhs, [batch, m, k, n], rhs_transposed);
+        let what = format!("[{batch}, {m}, {k}] x [{batch}, {k}, {n}], transposed {rhs_transposed}");
+
+        let (a, b) = matmul_operands::<Gpu>(&lhs, &rhs, [batch, m, k, n], rhs_transposed);
+        let direct = Tensor::<Gpu, 3>::from_primitive(TensorPrimitive::Float(tally_shaders::f32_matmul(cube(a.clone()), cube(b.clone()))));
+        assert_close(&host(direct), &expected, 2e-5, &format!("f32_matmul, {what}"));
+        assert_close(&host(Gpu::matmul(a, b)), &expected, 2e-5, &format!("cube backend, {what}"));
+
+        let (a, b) = matmul_operands::<Fused>(&lhs, &rhs, [batch, m, k, n], rhs_transposed);
+        assert_close(&host(Fused::matmul(a, b)), &expected, 2e-5, &format!("fusion, {what}"));
+    }
+}

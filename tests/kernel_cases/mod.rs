@@ -8,7 +8,7 @@ use burn::tensor::{backend::Backend, Tensor, TensorData, TensorPrimitive};
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::{tensor::CubeTensor, CubeBackend, CubeRuntime, FloatElement};
 use tally_model::attention::{multi_item_attention, PaddedPlan, PrefixKv};
-use tally_model::ItemLayout;
+use tally_model::{ItemLayout, ScoringBackend};
 use tally_shaders::{AttentionTiles, MultiItemAttention};
 
 pub type Reference = NdArray<f32>;
@@ -160,7 +160,7 @@ impl Case {
     }
 
     /// The plain Burn path (the cascade) on backend `B`.
-    pub fn plain_on<B: Backend>(&self, seed: u64) -> Vec<f32> {
+    pub fn plain_on<B: ScoringBackend>(&self, seed: u64) -> Vec<f32> {
         let (queries, keys, values, _) = self.inputs(seed);
         let layout = self.layout();
         let (t, q, kv, d) = (layout.tokens(), self.q_heads, self.kv_heads, self.head_dim);

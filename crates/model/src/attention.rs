@@ -12,6 +12,7 @@
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
+use crate::backend::ScoringBackend;
 use crate::layout::ItemLayout;
 
 /// K/V of a shared prefix for one layer, `[kv_heads, prefix_len, head_dim]`, RoPE applied.
@@ -81,7 +82,7 @@ struct Partial<B: Backend> {
 
 /// `queries`: `[tokens, q_heads, head_dim]`; `keys`/`values`: `[tokens, kv_heads, head_dim]`,
 /// packed as planned; `prefixes[g]` is group `g`'s prefix. Returns `[tokens, q_heads, head_dim]`.
-pub fn multi_item_attention<B: Backend>(queries: Tensor<B, 3>, keys: Tensor<B, 3>, values: Tensor<B, 3>, prefixes: &[&PrefixKv<B>], plan: &PaddedPlan<B>) -> Tensor<B, 3> {
+pub fn multi_item_attention<B: ScoringBackend>(queries: Tensor<B, 3>, keys: Tensor<B, 3>, values: Tensor<B, 3>, prefixes: &[&PrefixKv<B>], plan: &PaddedPlan<B>) -> Tensor<B, 3> {
     let [tokens, q_heads, head_dim] = queries.dims();
     let (items, len) = (plan.items, plan.len);
     let pad = |t: Tensor<B, 3>| {
@@ -94,7 +95,7 @@ pub fn multi_item_attention<B: Backend>(queries: Tensor<B, 3>, keys: Tensor<B, 3
 
 /// `queries`: `[N, L, q_heads, head_dim]`; `keys`/`values`: `[N, L, kv_heads, head_dim]`.
 /// Returns `[N, L, q_heads * head_dim]`.
-fn padded_attention<B: Backend>(queries: Tensor<B, 4>, keys: Tensor<B, 4>, values: Tensor<B, 4>, prefixes: &[&PrefixKv<B>], plan: &PaddedPlan<B>) -> Tensor<B, 3> {
+fn padded_attention<B: ScoringBackend>(queries: Tensor<B, 4>, keys: Tensor<B, 4>, values: Tensor<B, 4>, prefixes: &[&PrefixKv<B>], plan: &PaddedPlan<B>) -> Tensor<B, 3> {
     let [items, len, q_heads, head_dim] = queries.dims();
     let kv_heads = keys.dims()[2];
     let group = q_heads / kv_heads;
@@ -120,17 +121,17 @@ fn padded_attention<B: Backend>(queries: Tensor<B, 4>, keys: Tensor<B, 4>, value
 }
 
 /// Each item against its own keys, causally. `queries`: `[N, kv, L, g, d]`, keys/values `[N, kv, L, d]`.
-fn own_item_attention<B: Backend>(queries: Tensor<B, 5>, keys: Tensor<B, 4>, values: Tensor<B, 4>, causal_bias: &Tensor<B, 2>) -> Partial<B> {
+fn own_item_attention<B: ScoringBackend>(queries: Tensor<B, 5>, keys: Tensor<B, 4>, values: Tensor<B, 4>, causal_bias: &Tensor<B, 2>) -> Partial<B> {
     let [items, kv_heads, len, group, head_dim] = queries.dims();
     let queries = queries.reshape([items, kv_heads, len * group, head_dim]);
-    let scores = queries.matmul(transposed_keys(keys)) + causal_bias.clone().unsqueeze::<4>();
+    let scores = B::matmul(queries, transposed_keys(keys)) + causal_bias.clone().unsqueeze::<4>();
     let (output, lse) = softmax_times_values(scores, values);
     Partial { output, lse }
 }
 
 /// Each group's items against the group's prefix. Returns item-major partials for all `N`
 /// items; items whose prefix is empty get a log-sum-exp of −∞, so the merge ignores them.
-fn prefix_attention<B: Backend>(queries: Tensor<B, 5>, groups: &[(&PrefixKv<B>, usize)]) -> Partial<B> {
+fn prefix_attention<B: ScoringBackend>(queries: Tensor<B, 5>, groups: &[(&PrefixKv<B>, usize)]) -> Partial<B> {
     let [_, kv_heads, len, group, head_dim] = queries.dims();
     let rows = len * group;
     let device = queries.device();
@@ -144,7 +145,7 @@ fn prefix_attention<B: Backend>(queries: Tensor<B, 5>, groups: &[(&PrefixKv<B>, 
         } else {
             // [kv, count·rows, d]: one batched matmul per KV head covers every item of the group.
             let group_queries = queries.clone().narrow(0, first, count).swap_dims(0, 1).reshape([kv_heads, count * rows, head_dim]);
-            let scores = group_queries.matmul(transposed_keys(prefix.keys.clone()));
+            let scores = B::matmul(group_queries, transposed_keys(prefix.keys.clone()));
             let (output, lse) = softmax_times_values(scores, prefix.values.clone());
             let item_major = |t: Tensor<B, 3>| {
                 let width = t.dims()[2];
@@ -172,10 +173,10 @@ fn transposed_keys<B: Backend, const D: usize>(keys: Tensor<B, D>) -> Tensor<B, 
 /// The weights are normalised before the matmul, as `exp(scores − lse)`. Dividing the matmul's
 /// output by the row sums instead, with those sums also feeding the log-sum-exp, is computed
 /// wrong by burn-fusion 0.21 (wgpu; off by O(1), see `benches/gpu/NOTES.md`).
-fn softmax_times_values<B: Backend, const D: usize>(scores: Tensor<B, D>, values: Tensor<B, D>) -> (Tensor<B, D>, Tensor<B, D>) {
+fn softmax_times_values<B: ScoringBackend, const D: usize>(scores: Tensor<B, D>, values: Tensor<B, D>) -> (Tensor<B, D>, Tensor<B, D>) {
     let max = scores.clone().max_dim(D - 1);
     let lse = max.clone() + (scores.clone() - max).exp().sum_dim(D - 1).log();
-    ((scores - lse.clone()).exp().matmul(values), lse)
+    (B::matmul((scores - lse.clone()).exp(), values), lse)
 }
 
 /// `[L·group, L]` additive mask: row `r` (position `r / group`) sees keys `0..=r / group`.

@@ -1,7 +1,7 @@
 //! The two hot paths of scoring, as backend operations: plain Burn ops on the CPU (the
 //! reference), CubeCL kernels on CubeCL backends (feature `cubecl`, see [`crate::cube`]).
 
-use burn::tensor::{backend::Backend, Tensor};
+use burn::tensor::{backend::Backend, DType, Tensor};
 
 use crate::attention::{self, PaddedPlan};
 use crate::decoder::AttentionRoute;
@@ -28,6 +28,19 @@ pub trait ScoringBackend: Backend {
         prefixes: &LayerPrefixes<'_, Self>,
         plan: &Self::AttentionPlan,
     ) -> Tensor<Self, 3>;
+
+    /// `lhs · rhs` (batched over leading dimensions): every matmul of the model, the linears,
+    /// the LM head and the cascade's, goes through here so the float type means what it says.
+    /// CubeCL backends replace the tensor-core matmul where it would round float32 to tf32.
+    fn matmul<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
+        lhs.matmul(rhs)
+    }
+
+    /// Whether the backend's own matmul would round `dtype` operands to tf32 on `device`, so
+    /// [`Self::matmul`] takes another route.
+    fn matmul_rounds_to_tf32(_dtype: DType, _device: &Self::Device) -> bool {
+        false
+    }
 
     /// Full-vocabulary log-probabilities of each row's labels: see [`lm_head::label_logprobs`].
     fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {

@@ -1,11 +1,11 @@
 //! [`ScoringBackend`] on CubeCL backends (wgpu, CUDA): the kernels of `tally-shaders`, on
 //! plain `CubeBackend`s and through Burn's fusion layer (the default `Wgpu`/`Cuda` types).
 
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr};
-use tally_shaders::{AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
+use tally_shaders::{f32_matmul, matmul_rounds_to_tf32, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
 use crate::attention::PrefixKv;
 use crate::query_kv::{LayerPrefixes, QueryBatch, QueryKv};
@@ -40,13 +40,25 @@ where
         Tensor::from_primitive(TensorPrimitive::Float(attention.run()))
     }
 
+    fn matmul<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
+        if !Self::matmul_rounds_to_tf32(lhs.dtype(), &lhs.device()) {
+            return lhs.matmul(rhs);
+        }
+        let product = f32_matmul(lhs.into_primitive().tensor(), rhs.into_primitive().tensor());
+        Tensor::from_primitive(TensorPrimitive::Float(product))
+    }
+
+    fn matmul_rounds_to_tf32(dtype: DType, device: &R::Device) -> bool {
+        matmul_rounds_to_tf32(&R::client(device), dtype)
+    }
+
     fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {
         let dtype = hidden.dtype();
         let vocab = head.dims()[0];
         let mut stream = StreamedLabelLogprobs::new(labels.to_tensor::<Self>(&hidden.device()).into_primitive());
         for start in (0..vocab).step_by(VOCAB_CHUNK) {
             let chunk = VOCAB_CHUNK.min(vocab - start);
-            let logits = hidden.clone().matmul(head.clone().narrow(0, start, chunk).transpose());
+            let logits = Self::matmul(hidden.clone(), head.clone().narrow(0, start, chunk).transpose());
             stream.add_chunk(logits.into_primitive().tensor());
         }
         Tensor::from_primitive(TensorPrimitive::Float(stream.finish(dtype)))
@@ -69,6 +81,20 @@ impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
         let settled = QueryBatch::new(vec![QueryKv::from_layers(vec![PrefixKv { keys: settle(joined.keys.clone()), values: settle(joined.values.clone()) }])]);
         let output = B::multi_item_attention(settle(queries), settle(keys), settle(values), &LayerPrefixes::new(&settled, 0, &[0]), plan);
         into_fusion(output, &client)
+    }
+
+    /// Through fusion only where the inner backend replaces the matmul: a settled matmul is
+    /// one the fusion stream cannot fuse its neighbours into.
+    fn matmul<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
+        if !B::matmul_rounds_to_tf32(lhs.dtype(), &lhs.device()) {
+            return lhs.matmul(rhs);
+        }
+        let client = fusion_client(&lhs);
+        into_fusion(B::matmul(settle(lhs), settle(rhs)), &client)
+    }
+
+    fn matmul_rounds_to_tf32(dtype: DType, device: &B::Device) -> bool {
+        B::matmul_rounds_to_tf32(dtype, device)
     }
 
     fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {

@@ -270,7 +270,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
 
         for (index, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(x.clone(), &layer.input_norm, c.rms_norm_eps);
-            let mut qkv = h.matmul(layer.qkv_proj.clone());
+            let mut qkv = B::matmul(h, layer.qkv_proj.clone());
             if let Some(bias) = &layer.qkv_bias {
                 qkv = qkv + bias.clone().unsqueeze::<2>();
             }
@@ -287,13 +287,13 @@ impl<B: ScoringBackend> DecoderModel<B> {
                 kept.push(PrefixKv { keys: k.clone().swap_dims(0, 1), values: v.clone().swap_dims(0, 1) });
             }
             let attended = attention.run(q, k, v, &LayerPrefixes::new(queries, index, group_queries));
-            x = x + attended.reshape([count, q_width]).matmul(layer.o_proj.clone());
+            x = x + B::matmul(attended.reshape([count, q_width]), layer.o_proj.clone());
 
             let h = rms_norm(x.clone(), &layer.post_attention_norm, c.rms_norm_eps);
-            let gate_up = h.matmul(layer.gate_up_proj.clone());
+            let gate_up = B::matmul(h, layer.gate_up_proj.clone());
             let gate = gate_up.clone().narrow(1, 0, c.intermediate_size);
             let up = gate_up.narrow(1, c.intermediate_size, c.intermediate_size);
-            x = x + (silu(gate) * up).matmul(layer.down_proj.clone());
+            x = x + B::matmul(silu(gate) * up, layer.down_proj.clone());
         }
         x
     }

@@ -4,6 +4,8 @@
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
+use crate::backend::ScoringBackend;
+
 /// Vocabulary rows per chunk of the streamed log-sum-exp: `[rows, chunk]` logits at a time.
 pub const VOCAB_CHUNK: usize = 16_384;
 
@@ -53,24 +55,24 @@ impl LabelTable {
 /// Logits of each row's labels, `[rows, width]`. `hidden`: `[rows, hidden]`; `head`: `[vocab, hidden]`.
 /// The pass's distinct label rows of the head are gathered once and multiplied in one matmul:
 /// memory `rows × distinct + distinct × hidden`, never `rows × width × hidden`.
-pub fn label_logits<B: Backend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
+pub fn label_logits<B: ScoringBackend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
     let (distinct, columns) = labels.distinct_and_columns::<B>(&hidden.device());
-    hidden.matmul(head.select(0, distinct).transpose()).gather(1, columns)
+    B::matmul(hidden, head.select(0, distinct).transpose()).gather(1, columns)
 }
 
 /// Full-vocabulary log-probabilities of each row's labels, `[rows, width]`.
-pub fn label_logprobs<B: Backend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
+pub fn label_logprobs<B: ScoringBackend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
     let log_normalizer = log_normalizer(hidden.clone(), head.clone());
     label_logits(hidden, head, labels) - log_normalizer
 }
 
 /// `log Σ_v exp(logit_v)` per row, `[rows, 1]`, one vocabulary chunk at a time.
-fn log_normalizer<B: Backend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>) -> Tensor<B, 2> {
+fn log_normalizer<B: ScoringBackend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>) -> Tensor<B, 2> {
     let vocab = head.dims()[0];
     let mut running: Option<(Tensor<B, 2>, Tensor<B, 2>)> = None; // (max, Σ exp(logit − max))
     for start in (0..vocab).step_by(VOCAB_CHUNK) {
         let chunk = VOCAB_CHUNK.min(vocab - start);
-        let logits = hidden.clone().matmul(head.clone().narrow(0, start, chunk).transpose());
+        let logits = B::matmul(hidden.clone(), head.clone().narrow(0, start, chunk).transpose());
         let chunk_max = logits.clone().max_dim(1);
         running = Some(match running {
             None => (chunk_max.clone(), (logits - chunk_max).exp().sum_dim(1)),
