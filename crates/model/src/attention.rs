@@ -124,7 +124,7 @@ fn padded_attention<B: ScoringBackend>(queries: Tensor<B, 4>, keys: Tensor<B, 4>
 fn own_item_attention<B: ScoringBackend>(queries: Tensor<B, 5>, keys: Tensor<B, 4>, values: Tensor<B, 4>, causal_bias: &Tensor<B, 2>) -> Partial<B> {
     let [items, kv_heads, len, group, head_dim] = queries.dims();
     let queries = queries.reshape([items, kv_heads, len * group, head_dim]);
-    let scores = B::matmul(queries, transposed_keys(keys)) + causal_bias.clone().unsqueeze::<4>();
+    let scores = B::matmul(queries, keys.swap_dims(2, 3)) + causal_bias.clone().unsqueeze::<4>();
     let (output, lse) = softmax_times_values(scores, values);
     Partial { output, lse }
 }
@@ -145,7 +145,7 @@ fn prefix_attention<B: ScoringBackend>(queries: Tensor<B, 5>, groups: &[(&Prefix
         } else {
             // [kv, count·rows, d]: one batched matmul per KV head covers every item of the group.
             let group_queries = queries.clone().narrow(0, first, count).swap_dims(0, 1).reshape([kv_heads, count * rows, head_dim]);
-            let scores = B::matmul(group_queries, transposed_keys(prefix.keys.clone()));
+            let scores = B::matmul(group_queries, prefix.keys.clone().swap_dims(1, 2));
             let (output, lse) = softmax_times_values(scores, prefix.values.clone());
             let item_major = |t: Tensor<B, 3>| {
                 let width = t.dims()[2];
@@ -157,15 +157,6 @@ fn prefix_attention<B: ScoringBackend>(queries: Tensor<B, 5>, groups: &[(&Prefix
         first += count;
     }
     Partial { output: Tensor::cat(outputs, 0), lse: Tensor::cat(lses, 0) }
-}
-
-/// `keys` with the last two dimensions swapped, copied contiguous: the right-hand side of
-/// `queries · keysᵀ`. CubeCL's autotuned matmul (cubek 0.10, seen on wgpu) returns wrong scores
-/// (off by 0.5) for some shapes when that side is a transposed view and head_dim is not a power
-/// of two (head_dim 24 against 600+ keys); the copy is one pass over the keys, small beside
-/// the scores. Burn 0.21 has no `contiguous()`: `cat` of one tensor is a copy in every backend.
-fn transposed_keys<B: Backend, const D: usize>(keys: Tensor<B, D>) -> Tensor<B, D> {
-    Tensor::cat(vec![keys.swap_dims(D - 2, D - 1)], 0)
 }
 
 /// Softmax of `scores` over the last dimension, times `values`; with the log-sum-exp per row.
