@@ -42,8 +42,7 @@ where
 
     fn matmul<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
         if !Self::matmul_rounds_to_tf32(lhs.dtype(), &lhs.device()) {
-            let (lhs, rhs) = pad_inner_dimension_past_double_unit_defect(lhs, rhs);
-            return lhs.matmul(rhs);
+            return autotuned_matmul(lhs, rhs);
         }
         let product = f32_matmul(lhs.into_primitive().tensor(), rhs.into_primitive().tensor());
         Tensor::from_primitive(TensorPrimitive::Float(product))
@@ -88,8 +87,7 @@ impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
     /// one the fusion stream cannot fuse its neighbours into.
     fn matmul<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
         if !B::matmul_rounds_to_tf32(lhs.dtype(), &lhs.device()) {
-            let (lhs, rhs) = pad_inner_dimension_past_double_unit_defect(lhs, rhs);
-            return lhs.matmul(rhs);
+            return autotuned_matmul(lhs, rhs);
         }
         let client = fusion_client(&lhs);
         into_fusion(B::matmul(settle(lhs), settle(rhs)), &client)
@@ -105,20 +103,21 @@ impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
     }
 }
 
-/// cubek 0.2's `DoubleUnit` matmul, one of the autotuned candidates on every CubeCL runtime,
-/// multiplies wrong (off by 0.1 – 1 relative) when the inner dimension is an odd multiple of 8
-/// and the operands are batched or the right-hand side is transposed — the cascade's shapes
-/// (head_dim 24; 600 prefix keys). Autotune picks it when it is fastest, right or not. Zero
-/// columns and rows that take the inner dimension to a multiple of 16 leave the product exact
-/// and dodge it; the model's linears (inner dimension a multiple of 16) never pay for them.
-fn pad_inner_dimension_past_double_unit_defect<B: Backend, const D: usize>(lhs: Tensor<B, D>, rhs: Tensor<B, D>) -> (Tensor<B, D>, Tensor<B, D>) {
+/// `lhs · rhs` through Burn's autotuned matmul, past one of its candidates' defect: cubek 0.2's
+/// `DoubleUnit` matmul (on every CubeCL runtime) multiplies wrong (off by 0.1 – 1 relative) when
+/// the inner dimension is an odd multiple of 8 and the operands are batched or the right-hand
+/// side is transposed — the cascade's shapes (head_dim 24; 600 prefix keys). Autotune picks it
+/// when it is fastest, right or not. Zero columns and rows that take the inner dimension to a
+/// multiple of 16 leave the product exact and dodge it; the model's linears (inner dimension a
+/// multiple of 16) never pay for them.
+fn autotuned_matmul<B: Backend, const D: usize>(lhs: Tensor<B, D>, rhs: Tensor<B, D>) -> Tensor<B, D> {
     let inner = lhs.dims()[D - 1];
     if inner % 16 != 8 {
-        return (lhs, rhs);
+        return lhs.matmul(rhs);
     }
     let lhs_zeros = lhs.clone().narrow(D - 1, 0, 8).zeros_like();
     let rhs_zeros = rhs.clone().narrow(D - 2, 0, 8).zeros_like();
-    (Tensor::cat(vec![lhs, lhs_zeros], D - 1), Tensor::cat(vec![rhs, rhs_zeros], D - 2))
+    Tensor::cat(vec![lhs, lhs_zeros], D - 1).matmul(Tensor::cat(vec![rhs, rhs_zeros], D - 2))
 }
 
 fn fusion_client<B: FusionBackend, const D: usize>(tensor: &Tensor<Fusion<B>, D>) -> GlobalFusionClient<B::FusionRuntime> {
