@@ -165,6 +165,33 @@ fn the_wgpu_backend_matches_the_reference() {
     }
 }
 
+/// The user's case: a model of Qwen3's full vocabulary on wgpu, with more labels than the label
+/// kernel has units per row (256), up to the server's configured maximum, in both softmax modes:
+/// every probability as the CPU backend gives it, none left at 0.
+#[cfg(feature = "wgpu")]
+#[test]
+fn every_label_is_scored_on_wgpu_up_to_the_servers_maximum() {
+    if !common::gpu::gpu_or_skip("every_label_is_scored_on_wgpu_up_to_the_servers_maximum") {
+        return;
+    }
+    let max_labels = 4096;
+    let limit = max_labels.to_string();
+    let cpu = Server::start("wide-vocab", &["--backend", "cpu", "--max-labels-per-request", &limit]);
+    let gpu = Server::start("wide-vocab", &["--backend", "wgpu", "--no-warmup", "--max-labels-per-request", &limit]);
+    let vocab = 151_936;
+    for count in [1, 255, 256, 257, 1000, max_labels] {
+        // Distinct ids spread over the whole vocabulary.
+        let labels: Vec<u64> = (0..count as u64).map(|j| (j * 7_919 + 3) % vocab).collect();
+        for apply_softmax in [false, true] {
+            let request = json!({"query": [9, 8, 7, 6, 5, 4, 3], "items": [[11, 12, 13], [21], [31, 32, 33, 34, 35]], "label_token_ids": labels, "apply_softmax": apply_softmax});
+            let (expected, got) = (cpu.score(&request), gpu.score(&request));
+            let what = format!("{count} labels, apply_softmax {apply_softmax}");
+            assert!(got.iter().flatten().all(|&p| p > 0.0), "{what}: a label scored 0");
+            assert_close(&got, &expected, 1e-3, &what);
+        }
+    }
+}
+
 #[test]
 fn concurrent_clients_get_exactly_their_own_answers() {
     let server = Server::start("tied-gqa", &["--max-batch-tokens", "512"]);

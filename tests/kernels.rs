@@ -129,6 +129,58 @@ fn label_logprobs_stream_the_vocabulary() {
     assert_close(&got, &expected, 1e-4, "label log-probabilities");
 }
 
+/// Rows with more labels than the label kernel's cube has units (256): every label of every row
+/// is scored, in both softmax modes, through both CubeCL backend types, at 1, 255, 256, 257,
+/// 1,000 and the server's default maximum (4,096) labels, against the CPU. Until the kernel
+/// looped over its label slots, each label past the 256th came back as probability 0.
+#[test]
+fn every_label_is_scored_past_the_kernels_units() {
+    if !gpu::gpu_or_skip("every_label_is_scored_past_the_kernels_units") {
+        return;
+    }
+    let (rows, hidden, vocab) = (5, 16, 2 * tally_model::lm_head::VOCAB_CHUNK + 1000);
+    let hidden_values = random(13, rows * hidden, 1.0);
+    let head_values = random(14, vocab * hidden, 0.5);
+    let (cpu_hidden, cpu_head) = (tensor::<Reference, 2>(&hidden_values, [rows, hidden]), tensor::<Reference, 2>(&head_values, [vocab, hidden]));
+    for count in [1, 255, 256, 257, 1000, 4096] {
+        // Distinct ids spread over the whole vocabulary (7,919 is prime, vocab is not its multiple);
+        // the last row has fewer labels than the others.
+        let ids: Vec<u32> = (0..count).map(|j| ((j * 7_919 + 3) % vocab) as u32).collect();
+        let short = &ids[..count.div_ceil(2)];
+        let label_rows: Vec<&[u32]> = (0..rows).map(|r| if r == rows - 1 { short } else { &ids[..] }).collect();
+        let labels = LabelTable::new(&label_rows);
+        let full_vocab = host(label_logprobs::<Reference>(cpu_hidden.clone(), cpu_head.clone(), &labels));
+        let logits = host(tally_model::lm_head::label_logits::<Reference>(cpu_hidden.clone(), cpu_head.clone(), &labels));
+        assert!(full_vocab.iter().all(|v| v.is_finite() && *v > -100.0), "{count} labels: the reference is finite");
+
+        let what = |path: &str| format!("{count} labels, {path}");
+        let (h, w) = (tensor::<Gpu, 2>(&hidden_values, [rows, hidden]), tensor::<Gpu, 2>(&head_values, [vocab, hidden]));
+        assert_close(&host(Gpu::label_logprobs(h.clone(), w.clone(), &labels)), &full_vocab, 1e-4, &what("full vocabulary, cube backend"));
+        assert_close(&host(tally_model::lm_head::label_logits::<Gpu>(h, w, &labels)), &logits, 1e-4, &what("label logits, cube backend"));
+        let (h, w) = (tensor::<Fused, 2>(&hidden_values, [rows, hidden]), tensor::<Fused, 2>(&head_values, [vocab, hidden]));
+        assert_close(&host(Fused::label_logprobs(h.clone(), w.clone(), &labels)), &full_vocab, 1e-4, &what("full vocabulary, fusion"));
+        assert_close(&host(tally_model::lm_head::label_logits::<Fused>(h, w, &labels)), &logits, 1e-4, &what("label logits, fusion"));
+    }
+}
+
+/// More label cells (4,097 rows × 4,096 labels) than one grid dimension of 256-unit cubes
+/// covers (65,535 × 256): the finishing kernel's grid folds into two dimensions.
+#[test]
+fn label_logprobs_past_the_largest_one_dimensional_grid() {
+    if !gpu::gpu_or_skip("label_logprobs_past_the_largest_one_dimensional_grid") {
+        return;
+    }
+    let (rows, hidden, vocab) = (4_097, 8, 4_096);
+    let hidden_values = random(15, rows * hidden, 1.0);
+    let head_values = random(16, vocab * hidden, 0.5);
+    let ids: Vec<u32> = (0..vocab as u32).rev().collect();
+    let labels = LabelTable::new(&vec![&ids[..]; rows]);
+    assert!(rows * labels.width() > 65_535 * 256);
+    let expected = host(label_logprobs::<Reference>(tensor(&hidden_values, [rows, hidden]), tensor(&head_values, [vocab, hidden]), &labels));
+    let got = host(<Gpu>::label_logprobs(tensor(&hidden_values, [rows, hidden]), tensor(&head_values, [vocab, hidden]), &labels));
+    assert_close(&got, &expected, 1e-4, "16.8 M label cells");
+}
+
 #[test]
 fn the_plain_cascade_on_the_gpu_matches_the_cpu() {
     if !gpu::gpu_or_skip("the_plain_cascade_on_the_gpu_matches_the_cpu") {

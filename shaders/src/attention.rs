@@ -17,15 +17,14 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 
+use crate::grid::{cube_index, cubes};
+
 /// Keys staged in shared memory per step. K and V take 2 · 16 · head_dim · 4 B: 16 KiB at
 /// head_dim 128, WebGPU's default workgroup-storage limit, so it fits every adapter.
 const KEY_TILE: usize = 16;
 
 /// Units per cube: `tokens per tile × group` rows.
 const ROWS_PER_CUBE: usize = 128;
-
-/// Most cubes along one grid dimension every runtime accepts.
-const MAX_CUBES_PER_DIM: usize = 65_535;
 
 /// Below any real score, and finite: WGSL cannot spell −∞.
 const NO_SCORE: f32 = -1.0e30;
@@ -103,10 +102,9 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         }
         let client = self.queries.client.clone();
         let dtype = self.queries.dtype;
-        let columns = tiles.tile_count.min(MAX_CUBES_PER_DIM);
         multi_item_attention_kernel::launch::<R>(
             &client,
-            CubeCount::Static(columns as u32, tiles.tile_count.div_ceil(columns) as u32, kv_heads as u32),
+            cubes(tiles.tile_count, kv_heads),
             CubeDim::new_1d((tiles.tokens_per_tile * tiles.group) as u32),
             into_contiguous(self.queries).into_tensor_arg(),
             into_contiguous(self.keys).into_tensor_arg(),
@@ -158,7 +156,7 @@ fn multi_item_attention_kernel<F: Float>(
     #[comptime] group: usize,
     #[define(F)] _dtype: StorageType,
 ) {
-    let tile = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let tile = cube_index();
     // Uniform over the cube: the grid's last row may run past the tiles.
     if tile * 4 >= tiles.len() {
         terminate!();

@@ -11,8 +11,13 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use burn_backend::{DType, Shape, TensorMetadata};
 
+use crate::grid::{cube_index, cubes};
+
 /// Units per row: a power of two for the tree reductions.
 const UNITS_PER_ROW: usize = 256;
+
+/// Units per cube of the finishing kernel, one element each.
+const FINISH_UNITS: usize = 256;
 
 /// Below any real logit, and finite: WGSL cannot spell −∞.
 const NO_LOGIT: f32 = -1.0e30;
@@ -58,7 +63,7 @@ impl<R: CubeRuntime> StreamedLabelLogprobs<R> {
         if rows > 0 {
             vocab_chunk_kernel::launch::<R>(
                 &client,
-                CubeCount::Static(rows as u32, 1, 1),
+                cubes(rows, 1),
                 CubeDim::new_1d(UNITS_PER_ROW as u32),
                 logits.into_tensor_arg(),
                 self.labels.clone().into_tensor_arg(),
@@ -90,11 +95,10 @@ impl<R: CubeRuntime> StreamedLabelLogprobs<R> {
         }
         let width = self.label_logits.shape()[1];
         let client = output.client.clone();
-        let units = 256;
         finish_kernel::launch::<R>(
             &client,
-            CubeCount::Static(elements.div_ceil(units) as u32, 1, 1),
-            CubeDim::new_1d(units as u32),
+            cubes(elements.div_ceil(FINISH_UNITS), 1),
+            CubeDim::new_1d(FINISH_UNITS as u32),
             self.running_max.into_tensor_arg(),
             self.running_sum.into_tensor_arg(),
             self.label_logits.into_tensor_arg(),
@@ -106,7 +110,8 @@ impl<R: CubeRuntime> StreamedLabelLogprobs<R> {
 }
 
 /// One cube per row: max and sum of `exp` over the chunk by tree reduction, merged into the
-/// running pair; the labels that fall inside the chunk are copied out.
+/// running pair; the row's labels that fall inside the chunk are copied out, `units` at a time
+/// (a row may have more labels than the cube has units).
 #[cube(launch)]
 fn vocab_chunk_kernel<F: Float, I: Numeric>(
     logits: &Tensor<F>,
@@ -118,7 +123,11 @@ fn vocab_chunk_kernel<F: Float, I: Numeric>(
     #[comptime] units: usize,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let row = CUBE_POS_X as usize;
+    let row = cube_index();
+    // Uniform over the cube: the grid's last row may run past the rows.
+    if row >= labels.shape(0) {
+        terminate!();
+    }
     let unit = UNIT_POS_X as usize;
     let chunk = logits.shape(1);
     let first = row * chunk;
@@ -151,11 +160,13 @@ fn vocab_chunk_kernel<F: Float, I: Numeric>(
     }
     let width = labels.shape(1);
     let start = chunk_start as usize;
-    if unit < width {
-        let label = u32::cast_from(labels[row * width + unit]) as usize;
+    let mut slot = unit;
+    while slot < width {
+        let label = u32::cast_from(labels[row * width + slot]) as usize;
         if label >= start && label < start + chunk {
-            label_logits[row * width + unit] = f32::cast_from(logits[first + label - start]);
+            label_logits[row * width + slot] = f32::cast_from(logits[first + label - start]);
         }
+        slot += units;
     }
 }
 
@@ -180,7 +191,7 @@ fn reduce_cube(reduced: &mut SharedMemory<f32>, unit: usize, #[comptime] maximum
 
 #[cube(launch)]
 fn finish_kernel<F: Float>(running_max: &Tensor<f32>, running_sum: &Tensor<f32>, label_logits: &Tensor<f32>, output: &mut Tensor<F>, width: u32, #[define(F)] _dtype: StorageType) {
-    let index = ABSOLUTE_POS;
+    let index = cube_index() * CUBE_DIM_X as usize + UNIT_POS_X as usize;
     if index < output.len() {
         let row = index / width as usize;
         let log_normalizer = running_max[row] + f32::ln(running_sum[row]);

@@ -11,6 +11,7 @@
 
 pub mod attention;
 pub mod f32_matmul;
+mod grid;
 pub mod label_logprobs;
 
 pub use attention::{AttentionTiles, MultiItemAttention};
