@@ -261,6 +261,40 @@ fn float32_matmuls_stay_float32() {
     check_matmuls(&[([1, 37, 576, 200], false), ([1, 37, 48, 1000], true), ([2, 28, 24, 700], true), ([2, 28, 1000, 64], false)], true);
 }
 
+/// The cuBLASLt route (`--matmul cublas`, CUDA only): called directly, and as
+/// `ScoringBackend::matmul` on both CubeCL backend types with the route picked, float32 kept
+/// float32 (`CUBLAS_COMPUTE_32F`), on the shapes above plus rows, columns and inner dimensions
+/// of one.
+#[cfg(feature = "cuda")]
+#[test]
+fn cublas_matmuls_match_a_float64_product() {
+    use tally_shaders::{set_matmul_route, MatmulRoute};
+    /// Puts the process back on CubeCL's matmuls however the test ends.
+    struct CubeclAfter;
+    impl Drop for CubeclAfter {
+        fn drop(&mut self) {
+            set_matmul_route(MatmulRoute::Cubecl);
+        }
+    }
+    assert!(tally_shaders::cublas::available(), "libcublasLt must load on a CUDA machine");
+    let cases = [([1, 37, 576, 200], false), ([1, 37, 48, 1000], true), ([2, 28, 24, 700], true), ([2, 28, 1000, 64], false), ([1, 1, 64, 33], false), ([3, 17, 1, 5], true), ([2, 9, 40, 1], false)];
+    for (seed, &([batch, m, k, n], rhs_transposed)) in cases.iter().enumerate() {
+        let lhs = random(50 + seed as u64, batch * m * k, 1.0);
+        let rhs = random(60 + seed as u64, batch * k * n, 1.0);
+        let expected = host_matmul(&lhs, &rhs, [batch, m, k, n], rhs_transposed);
+        let what = format!("[{batch}, {m}, {k}] x [{batch}, {k}, {n}], transposed {rhs_transposed}");
+        let (a, b) = matmul_operands::<Gpu>(&lhs, &rhs, [batch, m, k, n], rhs_transposed);
+        let product = tally_shaders::cublas::matmul(cube(a.clone()), cube(b.clone())).expect("cuBLASLt multiplies these shapes");
+        assert_close(&host(Tensor::<Gpu, 3>::from_primitive(TensorPrimitive::Float(product))), &expected, 2e-5, &format!("cuBLASLt, {what}"));
+
+        let _cubecl_after = CubeclAfter;
+        set_matmul_route(MatmulRoute::Cublas);
+        assert_close(&host(Gpu::matmul(a, b)), &expected, 2e-5, &format!("cube backend on cuBLASLt, {what}"));
+        let (a, b) = matmul_operands::<Fused>(&lhs, &rhs, [batch, m, k, n], rhs_transposed);
+        assert_close(&host(Fused::matmul(a, b)), &expected, 2e-5, &format!("fusion on cuBLASLt, {what}"));
+    }
+}
+
 /// cubek 0.2's `DoubleUnit` matmul is wrong when the inner dimension is an odd multiple of 8 and
 /// the operands are batched or the right-hand side transposed; autotune picks it on lavapipe for
 /// these shapes (each was 0.07 – 1 off through `Tensor::matmul`). `ScoringBackend::matmul` pads

@@ -5,8 +5,10 @@
 #   benches/gpu/suite.sh               # there (device run, carry .gpu and .gl): results into $OUT
 #   TALLY_SUITE_DRY_RUN=1 benches/gpu/suite.sh   # here, on the CPU with the tiny preset
 #
-# Stages (TALLY_SUITE_STAGES, default all; the headline numbers first): env scenario peers attention
-# fixtures kernels load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_CASES and TALLY_SUITE_PEER_SCENARIOS narrow them.
+# Stages (TALLY_SUITE_STAGES, default all; the headline numbers first): env scenario profile peers
+# attention fixtures kernels coldstart load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_MATMULS (cubecl cublas),
+# TALLY_SUITE_ATTENTIONS (kernel cascade), TALLY_SUITE_SCENARIOS (s1 s2), TALLY_SUITE_CASES and
+# TALLY_SUITE_PEER_SCENARIOS narrow them.
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,8 +17,12 @@ repo=$PWD
 # (the device tool returns at most 8 files, so one archive; a stage cut off still leaves the rest).
 OUT=${OUT:-$repo/target/gpu-suite}
 out=/tmp/tally-suite/results
-rm -rf "$out" && mkdir -p "$OUT" "$out"
-stages=${TALLY_SUITE_STAGES:-env scenario peers attention fixtures kernels load wgpu chart}
+# TALLY_SUITE_KEEP=1 adds to the results of an earlier invocation on the same machine.
+[ "${TALLY_SUITE_KEEP:-0}" = 1 ] || rm -rf "$out"
+mkdir -p "$OUT" "$out"
+stages=${TALLY_SUITE_STAGES:-env scenario profile peers attention fixtures kernels coldstart load wgpu chart}
+attentions=${TALLY_SUITE_ATTENTIONS:-kernel cascade}
+scenarios=${TALLY_SUITE_SCENARIOS:-s1 s2}
 dry=${TALLY_SUITE_DRY_RUN:-0}
 bin=/tmp/tally-suite
 mkdir -p $bin
@@ -26,15 +32,18 @@ if [ "$dry" = 1 ]; then
     cuda=${TALLY_BIN:-${CARGO_TARGET_DIR:-$repo/target}/release/tally}; wgpu=$cuda
     gpu=cpu; gpu_dtypes="float32"; preset=tiny; items=50; requests=3; iterations=2
     load_dtype=float32; load_levels="2 4"; load_seconds=4; python=${TALLY_SUITE_PYTHON:-python3}
+    matmuls=cubecl; split_tokens=512
 else
     for b in cuda wgpu; do xz -dc .gpu/tally-$b.xz >$bin/tally-$b && chmod +x $bin/tally-$b; done
     cuda=$bin/tally-cuda; wgpu=$bin/tally-wgpu
     gpu=cuda; gpu_dtypes=${TALLY_SUITE_DTYPES:-float32 bfloat16}; preset=qwen3-0.6b; items=500; requests=6; iterations=10
     load_dtype=bfloat16; load_levels="100 300 1000 2000"; load_seconds=15; python=python3
+    matmuls=${TALLY_SUITE_MATMULS:-cublas cubecl}; split_tokens=8192
     # Compiled kernels (PTX) cached on disk: every process after the first skips NVRTC.
     printf '[compilation]\ncache = "target"\n' >cubecl.toml
-    # cudarc dlopens libcuda and libnvrtc by name: point the loader at wherever this machine has them.
-    for lib in libcuda.so libnvrtc.so.13; do
+    # cudarc dlopens libcuda, libnvrtc and libcublasLt by name: point the loader at wherever this
+    # machine has them.
+    for lib in libcuda.so libnvrtc.so.13 libcublasLt.so.13; do
         dir=$(dirname "$(find / -xdev \( -name "$lib" -o -name "$lib.*" \) -not -path '*/proc/*' 2>/dev/null | head -1)" 2>/dev/null)
         [ -n "$dir" ] && [ "$dir" != . ] && export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     done
@@ -66,11 +75,13 @@ fixtures_stage() {
     local ok=0
     for dtype in $gpu_dtypes; do
         tol="--tolerance 1e-3"; [ "$dtype" = bfloat16 ] && tol="--tolerance 3e-2 --packed-tolerance 3e-2"
-        for attention in kernel cascade; do
-            # Correctness needs no tuned matmuls: minimal autotuning (seen on the H100: ~40 s a
-            # case with the default level, every new shape tuned and compiled).
-            CUBECL_AUTOTUNE_LEVEL=minimal python3 benches/gpu/check_fixtures.py "$cuda" --backend $gpu --dtype $dtype --attention $attention $tol \
-                --cases "${TALLY_SUITE_CASES:-}" --out "$out/fixtures-$gpu-$dtype-$attention.json" || ok=1
+        for attention in $attentions; do
+            for matmul in $matmuls; do
+                # Correctness needs no tuned matmuls: minimal autotuning (seen on the H100: ~40 s a
+                # case with the default level, every new shape tuned and compiled).
+                CUBECL_AUTOTUNE_LEVEL=minimal python3 benches/gpu/check_fixtures.py "$cuda" --backend $gpu --dtype $dtype --attention $attention --matmul $matmul $tol \
+                    --cases "${TALLY_SUITE_CASES:-}" --out "$out/fixtures-$gpu-$dtype-$attention-$matmul.json" || ok=1
+            done
         done
     done
     return $ok
@@ -87,16 +98,41 @@ attention_stage() {
 model=/tmp/tally-suite/model-$preset
 make_model() { [ -f $model/config.json ] || "$cuda" make-model --preset $preset --out $model >/dev/null; }
 
+# Every route combination (matmul × attention) on each scenario (on CUDA the pass budget comes from
+# the device's free memory: S1's 10,020 item tokens are one pass), then S1 split into passes of
+# the old fixed budget (8,192 tokens: two passes) for each matmul route, to see what one pass buys.
 scenario_stage() {
     make_model || return 1
-    local ok=0
+    local ok=0 first_attention=${attentions%% *}
     for dtype in $gpu_dtypes; do
-        for s in s1 s2; do
-            for attention in kernel cascade; do
-                "$cuda" bench scenario --model $model --scenario $s --items $items --requests $requests --backend $gpu --dtype $dtype \
-                    --attention $attention --out "$out/scenario-$s-$gpu-$dtype-$attention.json" || ok=1
+        for s in $scenarios; do
+            for matmul in $matmuls; do
+                for attention in $attentions; do
+                    "$cuda" bench scenario --model $model --scenario $s --items $items --requests $requests --backend $gpu --dtype $dtype \
+                        --attention $attention --matmul $matmul --out "$out/scenario-$s-$gpu-$dtype-$attention-$matmul.json" || ok=1
+                done
             done
         done
+        for matmul in $matmuls; do
+            "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+                --attention $first_attention --matmul $matmul --max-batch-tokens $split_tokens \
+                --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-$split_tokens-tokens.json" || ok=1
+        done
+    done
+    return $ok
+}
+
+# One warm S1 request split by kernel, per matmul route: CubeCL's own per-kernel profile (its
+# autotune cache is warm from the scenario stage) and tally's cuBLASLt table, top 20 as markdown.
+profile_stage() {
+    make_model || return 1
+    local ok=0 dtype=${gpu_dtypes##* } attention=${attentions%% *}
+    for matmul in $matmuls; do
+        local name=profile-s1-$gpu-$dtype-$attention-$matmul
+        CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG=$bin/$name.log "$cuda" bench scenario --model $model --scenario s1 --items $items --requests 1 \
+            --backend $gpu --dtype $dtype --attention $attention --matmul $matmul >"$out/$name.stdout" || ok=1
+        python3 benches/gpu/profile_table.py $bin/$name.log --stdout "$out/$name.stdout" --title "S1, one request, $gpu $dtype, $attention attention, $matmul matmuls" --out "$out/$name.md" || ok=1
+        rm -f $bin/$name.log
     done
     return $ok
 }
@@ -153,7 +189,7 @@ peers_stage() {
 load_stage() {
     make_model || return 1
     local port=18123 ok=0
-    "$cuda" serve --model $model --backend $gpu --dtype $load_dtype --port $port --max-queue 100000 >"$out/serve.log" 2>&1 &
+    "$cuda" serve --model $model --backend $gpu --dtype $load_dtype --matmul ${matmuls%% *} --port $port --max-queue 100000 >"$out/serve.log" 2>&1 &
     local server=$!
     # The server listens once its warm-up (every pass shape compiled and tuned) is done.
     for _ in $(seq 1200); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
@@ -166,6 +202,34 @@ load_stage() {
     return $ok
 }
 
+# How long `tally serve` takes to answer /health (load + warm-up): with empty CubeCL caches (kernel
+# compilation and matmul autotuning from scratch), then restarted on the caches that run left, as
+# a deployment that keeps them on a volume would be. Run from a folder with no Cargo.toml above
+# it, CubeCL keeps both caches under $XDG_CACHE_HOME/cubecl.
+coldstart_stage() {
+    make_model || return 1
+    local ok=0 port=18124 matmul=${matmuls%% *} home=$bin/coldstart-cache run=$bin/coldstart-cwd
+    rm -rf $home $run && mkdir -p $home $run
+    printf '[compilation]\ncache = "target"\n' >$run/cubecl.toml
+    for caches in empty filled; do
+        local start server ready
+        start=$(date +%s.%N)
+        (cd $run && XDG_CACHE_HOME=$home exec "$cuda" serve --model $model --backend $gpu --dtype $load_dtype --matmul $matmul --port $port) \
+            >"$out/coldstart-$caches.log" 2>&1 &
+        server=$!
+        for _ in $(seq 4800); do curl -sf localhost:$port/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 0.25; done
+        ready=$(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $start }")
+        if curl -sf localhost:$port/health >/dev/null; then
+            echo "coldstart, $caches caches: ready in $ready s ($(grep -ho 'warmed up in [0-9.]* s' "$out/coldstart-$caches.log"))"
+            echo "{\"benchmark\":\"coldstart\",\"caches\":\"$caches\",\"seconds_to_ready\":$ready,\"backend\":\"$gpu\",\"dtype\":\"$load_dtype\",\"matmul\":\"$matmul\",\"model\":\"$(basename $model)\"}" >"$out/coldstart-$caches.json"
+        else
+            echo "coldstart: the server did not come up (coldstart-$caches.log)"; ok=1
+        fi
+        kill -TERM $server 2>/dev/null; wait $server
+    done
+    return $ok
+}
+
 # Everything above in one PNG, also beside the archive in $OUT.
 chart_stage() {
     "$cuda" bench chart --results "$out" --out "$out/chart.png" && cp "$out/chart.png" "$OUT/chart.png"
@@ -173,10 +237,12 @@ chart_stage() {
 
 stage env env_stage
 stage scenario scenario_stage
+stage profile profile_stage
 stage peers peers_stage
 stage attention attention_stage
 stage fixtures fixtures_stage
 stage kernels kernels_stage
+stage coldstart coldstart_stage
 stage load load_stage
 stage wgpu wgpu_stage
 stage chart chart_stage

@@ -28,6 +28,8 @@ pub struct RunsOn {
     pub dtype: String,
     /// The attention route: `kernel` or `cascade`.
     pub attention: String,
+    /// Which library multiplies: `cubecl` or `cublas`.
+    pub matmul: String,
     /// The GPU's name, or the CPU's with its thread count.
     pub device: String,
 }

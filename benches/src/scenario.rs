@@ -33,18 +33,19 @@ pub struct ScenarioArgs {
     pub requests: usize,
     #[arg(long, default_value_t = 500)]
     pub items: usize,
-    #[arg(long, default_value_t = tally_core::PassBudget::default().max_tokens)]
-    pub max_batch_tokens: usize,
+    /// Most padded item tokens per pass (default: as `tally serve` sizes them).
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
     /// Where to write the JSON result.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
 
 impl ScenarioArgs {
-    /// The engine's options for this run: the pass budget asked for, a prefix cache that holds
-    /// the static prefix.
+    /// The engine's options for this run: a prefix cache that holds the static prefix (the
+    /// pass budget is sized after loading, from `--max-batch-tokens` or the device).
     pub fn scorer_options(&self) -> ScorerOptions {
-        ScorerOptions { pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() }, prefix_cache_bytes: 1 << 30 }
+        ScorerOptions { pass_budget: PassBudget::default(), prefix_cache_bytes: 1 << 30 }
     }
 }
 
@@ -81,11 +82,13 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
     warm.sort_by(f64::total_cmp);
     let warm_median = warm.get(warm.len() / 2).copied();
     println!(
-        "scenario {:?}: {} items/request × {item_tokens} tokens, query {} tokens ({static_tokens} static) | backend {} | {}",
+        "scenario {:?}: {} items/request × {item_tokens} tokens, query {} tokens ({static_tokens} static) | backend {} | {} attention, {} matmuls | {}",
         args.scenario,
         args.items,
         static_tokens + suffix_tokens,
         runs_on.backend,
+        runs_on.attention,
+        runs_on.matmul,
         runs_on.device
     );
     println!("{:<12} {:>14} {:>14} {:>12}", "request", "items/s", "ms per item", "total s");
@@ -99,6 +102,8 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
         "scenario": format!("{:?}", args.scenario).to_lowercase(),
         "backend": runs_on.backend,
         "attention": runs_on.attention,
+        "matmul": runs_on.matmul,
+        "max_batch_tokens": scorer.max_pass_tokens(),
         "dtype": runs_on.dtype,
         "device": runs_on.device,
         "model": args.model.file_name().map(|n| n.to_string_lossy().into_owned()),

@@ -54,7 +54,16 @@ impl From<Attention> for tally_model::AttentionRoute {
     }
 }
 
-/// `--backend`, `--dtype` and `--attention`, shared by every command that runs the model.
+/// Which library multiplies on CUDA (`tally_model::MatmulRoute`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Matmul {
+    /// CubeCL's autotuned kernels (cubek); on the CPU and wgpu the only choice.
+    Cubecl,
+    /// cuBLASLt (CUDA only; libcublasLt loaded at run time): float32 accumulation, no tf32.
+    Cublas,
+}
+
+/// `--backend`, `--dtype`, `--attention` and `--matmul`, shared by every command that runs the model.
 #[derive(Args, Clone, Copy, Debug)]
 pub struct DeviceArgs {
     #[arg(long, value_enum, default_value_t = BackendKind::default())]
@@ -63,6 +72,8 @@ pub struct DeviceArgs {
     pub dtype: DType,
     #[arg(long, value_enum, default_value_t = Attention::Kernel)]
     pub attention: Attention,
+    #[arg(long, value_enum, default_value_t = Matmul::Cubecl)]
+    pub matmul: Matmul,
 }
 
 /// Code generic over the backend, run with the backend the user picked.
@@ -72,7 +83,8 @@ pub trait WithBackend {
 }
 
 pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output> {
-    let DeviceArgs { backend, dtype, .. } = device;
+    let DeviceArgs { backend, dtype, matmul, .. } = device;
+    pick_matmul(backend, matmul)?;
     match (backend, dtype) {
         #[cfg(feature = "ndarray")]
         (BackendKind::Cpu, DType::Float32) => job.run::<burn::backend::NdArray<f32>>(Default::default()),
@@ -92,6 +104,23 @@ pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output>
             }
         ),
     }
+}
+
+/// Sets the process's matmul route, or says why `--matmul cublas` cannot run here.
+fn pick_matmul(backend: BackendKind, matmul: Matmul) -> Result<()> {
+    if matmul == Matmul::Cubecl {
+        return Ok(());
+    }
+    anyhow::ensure!(backend == BackendKind::Cuda, "--matmul cublas needs --backend cuda");
+    #[cfg(feature = "cuda")]
+    {
+        anyhow::ensure!(
+            tally_model::cublas::available(),
+            "--matmul cublas: libcublasLt could not be loaded; put the CUDA toolkit's lib directory on LD_LIBRARY_PATH"
+        );
+        tally_model::set_matmul_route(tally_model::MatmulRoute::Cublas);
+    }
+    Ok(())
 }
 
 impl BackendKind {

@@ -33,8 +33,14 @@ impl WithBackend for ScenarioCommand {
     type Output = Value;
 
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Value> {
-        let scorer = crate::loading::load_scorer::<B>(&self.bench.model, &device, self.bench.scorer_options(), self.device.attention)?;
-        tally_bench::scenario::run(&self.bench, scorer, &runs_on(self.device))
+        let mut scorer = crate::loading::load_scorer::<B>(&self.bench.model, &device, self.bench.scorer_options(), self.device.attention)?;
+        crate::loading::size_passes(&mut scorer, self.bench.max_batch_tokens);
+        let result = tally_bench::scenario::run(&self.bench, scorer, &runs_on(self.device));
+        #[cfg(feature = "cuda")]
+        if let Some(gemms) = tally_model::cublas::profile_table() {
+            println!("{gemms}");
+        }
+        result
     }
 }
 
@@ -48,5 +54,5 @@ impl WithBackend for AttentionCommand {
 
 fn runs_on(device: DeviceArgs) -> RunsOn {
     let name = |value: &dyn std::fmt::Debug| format!("{value:?}").to_lowercase();
-    RunsOn { backend: name(&device.backend), dtype: name(&device.dtype), attention: name(&device.attention), device: device_name(device.backend) }
+    RunsOn { backend: name(&device.backend), dtype: name(&device.dtype), attention: name(&device.attention), matmul: name(&device.matmul), device: device_name(device.backend) }
 }

@@ -103,9 +103,10 @@ pub struct ScoreArgs {
     pub item_first: bool,
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// Most padded item tokens per forward pass; larger item lists are split into several passes.
-    #[arg(long, default_value_t = tally_core::PassBudget::default().max_tokens)]
-    pub max_batch_tokens: usize,
+    /// Most padded item tokens per forward pass; larger item lists are split into several
+    /// passes. Default: what the device's free memory allows on CUDA (up to 32,768), else 8,192.
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
 }
 
 #[derive(Args)]
@@ -121,9 +122,10 @@ pub struct ServeArgs {
     pub port: u16,
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// Most padded item tokens per forward pass.
-    #[arg(long, default_value_t = tally_core::PassBudget::default().max_tokens)]
-    pub max_batch_tokens: usize,
+    /// Most padded item tokens per forward pass (and per batch of queued requests). Default:
+    /// what the device's free memory allows on CUDA (up to 32,768), else 8,192.
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
     /// Device memory for prefilled queries kept across requests (MiB; 0 disables).
     #[arg(long, default_value_t = 512)]
     pub prefix_cache_mib: usize,

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use tally_core::PassBudget;
 use tally_engine::{Scorer, ScorerOptions};
 use tally_model::ScoringBackend;
 
@@ -21,4 +22,19 @@ pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, options:
     let mut scorer = scorer?;
     scorer.set_attention_route(attention.into());
     Ok(scorer)
+}
+
+/// Sizes the scorer's passes: `asked` tokens if given (`--max-batch-tokens`), else what the
+/// device's free memory allows, else [`PassBudget::default`]'s. Returns the budget set.
+pub fn size_passes<B: ScoringBackend>(scorer: &mut Scorer<B>, asked: Option<usize>) -> usize {
+    let tokens = match (asked, scorer.device_pass_tokens()) {
+        (Some(tokens), _) => tokens,
+        (None, Some(tokens)) => {
+            tracing::info!("passes of up to {tokens} item tokens, from the device's free memory");
+            tokens
+        }
+        (None, None) => PassBudget::default().max_tokens,
+    };
+    scorer.set_max_pass_tokens(tokens);
+    tokens
 }

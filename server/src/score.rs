@@ -21,10 +21,11 @@ impl WithBackend for ScoreArgs {
     type Output = String;
 
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<String> {
-        let options = ScorerOptions { pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() }, prefix_cache_bytes: 0 };
+        let options = ScorerOptions { pass_budget: PassBudget::default(), prefix_cache_bytes: 0 };
         // A malformed request fails before a possibly large model is loaded.
         let request = self.request.as_deref().map(read_request).transpose()?;
         let mut scorer = crate::loading::load_scorer::<B>(&self.model, &device, options, self.device.attention)?;
+        crate::loading::size_passes(&mut scorer, self.max_batch_tokens);
         match request {
             Some(request) => Ok(serde_json::to_string(&scorer.score(&request)?)? + "\n"),
             None => table(&mut scorer, &self),

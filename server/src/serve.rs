@@ -51,11 +51,9 @@ impl WithBackend for ServeArgs {
 
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Self::Output> {
         let (dir, name) = crate::hub::resolve_model(&self.model)?;
-        let options = ScorerOptions {
-            pass_budget: PassBudget { max_tokens: self.max_batch_tokens, ..PassBudget::default() },
-            prefix_cache_bytes: self.prefix_cache_mib << 20,
-        };
+        let options = ScorerOptions { pass_budget: PassBudget::default(), prefix_cache_bytes: self.prefix_cache_mib << 20 };
         let mut scorer = crate::loading::load_scorer::<B>(&dir, &device, options, self.device.attention)?.with_model_name(name);
+        let max_batch_tokens = crate::loading::size_passes(&mut scorer, self.max_batch_tokens);
         if self.device.backend != BackendKind::Cpu && !self.no_warmup {
             warm_up(&mut scorer)?;
         }
@@ -64,7 +62,7 @@ impl WithBackend for ServeArgs {
             tracing::warn!("/v1/rerank is disabled: {reason}");
             reason.to_string()
         });
-        let scheduler = Scheduler::start(scorer, SchedulerOptions { max_queue: self.max_queue, max_batch_tokens: self.max_batch_tokens });
+        let scheduler = Scheduler::start(scorer, SchedulerOptions { max_queue: self.max_queue, max_batch_tokens });
         let limits = ServerLimits {
             max_items: self.max_items_per_request,
             max_labels: self.max_labels_per_request,

@@ -8,12 +8,34 @@
 //!   vocabulary chunks, label gather fused in.
 //! - [`f32_matmul`]: a float32 matmul that stays float32 on devices whose tensor cores would
 //!   round it to tf32.
+//! - [`matmul_route`]: which library multiplies on CUDA; [`cublas`] (feature `cublas`): the
+//!   cuBLASLt route; [`cuda`]: CUDA's runtime type and free memory for generic code.
 
 pub mod attention;
+#[cfg(any(feature = "cublas", test))]
+mod blas_layout;
+#[cfg(feature = "cublas")]
+pub mod cublas;
+#[cfg(feature = "cublas")]
+pub mod cuda;
 pub mod f32_matmul;
 mod grid;
 pub mod label_logprobs;
+pub mod matmul_route;
 
 pub use attention::{AttentionTiles, MultiItemAttention};
 pub use f32_matmul::{f32_matmul, matmul_rounds_to_tf32};
 pub use label_logprobs::StreamedLabelLogprobs;
+pub use matmul_route::{cublas_matmul, routes_to_cublas, set_matmul_route, MatmulRoute};
+
+/// Bytes free on `device` now, where the runtime can tell: CUDA, in a build with feature
+/// `cublas` (cudarc); `None` elsewhere.
+pub fn free_device_memory<R: burn_cubecl::CubeRuntime>(device: &R::Device) -> Option<u64> {
+    #[cfg(feature = "cublas")]
+    return cuda::free_memory::<R>(device);
+    #[cfg(not(feature = "cublas"))]
+    {
+        let _ = device;
+        None
+    }
+}

@@ -22,6 +22,25 @@ impl Default for PassBudget {
     }
 }
 
+/// The largest token budget taken from a device's memory: past it a pass's launches already
+/// fill the GPU, and a larger pass only makes the requests batched behind it wait longer.
+pub const MAX_DEVICE_PASS_TOKENS: usize = 32_768;
+
+/// Token budgets from device memory move in steps of this many tokens (so passes keep a few
+/// shape classes for the GPU's kernel autotuning).
+const DEVICE_PASS_STEP: usize = 512;
+
+impl PassBudget {
+    /// Most padded item tokens a pass may take on a device with `free_bytes` of memory free
+    /// after the weights are loaded, if each token needs `bytes_per_token` of activations: half
+    /// the free memory (the rest for the prefix cache, query K/V and the runtime's pools), in
+    /// steps of 512 tokens, from 512 to [`MAX_DEVICE_PASS_TOKENS`].
+    pub fn tokens_for_memory(free_bytes: u64, bytes_per_token: u64) -> usize {
+        let fitting = (free_bytes / 2 / bytes_per_token.max(1)).min(MAX_DEVICE_PASS_TOKENS as u64) as usize;
+        (fitting / DEVICE_PASS_STEP * DEVICE_PASS_STEP).max(DEVICE_PASS_STEP)
+    }
+}
+
 /// One item to schedule: its own length, the length of the prefix it attends to, and its
 /// request (`group`) with that request's number of labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +97,20 @@ mod tests {
 
     fn shapes(prefix_len: usize, lens: &[usize]) -> Vec<ItemShape> {
         lens.iter().map(|&len| ItemShape { prefix_len, len, group: 0, labels: 2 }).collect()
+    }
+
+    #[test]
+    fn device_budgets_use_half_the_free_memory_in_steps_between_the_bounds() {
+        let per_token = 100_000;
+        // An 80 GB GPU with the weights loaded: capped.
+        assert_eq!(PassBudget::tokens_for_memory(78 << 30, per_token), MAX_DEVICE_PASS_TOKENS);
+        // 1 GB free: 5,368 tokens fit in half of it, 5,120 in steps of 512.
+        assert_eq!(PassBudget::tokens_for_memory(1 << 30, per_token), 5_120);
+        // Just under and at one step.
+        assert_eq!(PassBudget::tokens_for_memory(2 * 512 * per_token - 1, per_token), 512);
+        assert_eq!(PassBudget::tokens_for_memory(2 * 1024 * per_token, per_token), 1024);
+        // Nothing free still leaves a pass of the smallest step.
+        assert_eq!(PassBudget::tokens_for_memory(0, per_token), 512);
     }
 
     #[test]

@@ -91,6 +91,23 @@ impl<B: ScoringBackend> Scorer<B> {
         self.model.set_attention_route(route);
     }
 
+    /// Most padded item tokens per pass that the device's free memory allows
+    /// ([`PassBudget::tokens_for_memory`] of the model's activation bytes per token), or `None`
+    /// where the backend cannot tell (the CPU, wgpu).
+    pub fn device_pass_tokens(&self) -> Option<usize> {
+        let free = B::free_memory(&self.model.device())?;
+        Some(PassBudget::tokens_for_memory(free, self.model.pass_bytes_per_token()))
+    }
+
+    /// Most padded item tokens per pass from now on (and the largest warm-up pass).
+    pub fn set_max_pass_tokens(&mut self, tokens: usize) {
+        self.options.pass_budget.max_tokens = tokens;
+    }
+
+    pub fn max_pass_tokens(&self) -> usize {
+        self.options.pass_budget.max_tokens
+    }
+
     /// Tokenization and validation for this model, shareable with other threads.
     pub fn preparer(&self) -> &RequestPreparer {
         &self.preparer

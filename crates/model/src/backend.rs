@@ -30,16 +30,23 @@ pub trait ScoringBackend: Backend {
     ) -> Tensor<Self, 3>;
 
     /// `lhs · rhs` (batched over leading dimensions): every matmul of the model, the linears,
-    /// the LM head and the cascade's, goes through here so the float type means what it says.
-    /// CubeCL backends replace the tensor-core matmul where it would round float32 to tf32.
+    /// the LM head and the cascade's, goes through here, so one place picks who multiplies:
+    /// CubeCL backends replace Burn's matmul with cuBLASLt (`--matmul cublas`, CUDA) and where
+    /// it would round float32 to tf32.
     fn matmul<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
         lhs.matmul(rhs)
     }
 
-    /// Whether the backend's own matmul would round `dtype` operands to tf32 on `device`, so
-    /// [`Self::matmul`] takes another route.
-    fn matmul_rounds_to_tf32(_dtype: DType, _device: &Self::Device) -> bool {
+    /// Whether [`Self::matmul`] of `dtype` operands on `device` is another route than the
+    /// backend's own matmul (which fusion could fuse into its neighbours).
+    fn replaces_matmul(_dtype: DType, _device: &Self::Device) -> bool {
         false
+    }
+
+    /// Bytes free on `device` for the passes to come, where the backend can tell (CUDA); the
+    /// engine sizes its passes from it.
+    fn free_memory(_device: &Self::Device) -> Option<u64> {
+        None
     }
 
     /// Full-vocabulary log-probabilities of each row's labels: see [`lm_head::label_logprobs`].

@@ -5,7 +5,7 @@ use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr};
-use tally_shaders::{f32_matmul, matmul_rounds_to_tf32, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
+use tally_shaders::{cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
 use crate::attention::PrefixKv;
 use crate::query_kv::{LayerPrefixes, QueryBatch, QueryKv};
@@ -40,16 +40,29 @@ where
         Tensor::from_primitive(TensorPrimitive::Float(attention.run()))
     }
 
+    /// cuBLASLt where that route is picked (CUDA), else Burn's autotuned matmul, except for
+    /// float32 where that would round to tf32 (tally's float32 unit matmul then).
     fn matmul<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
-        if !Self::matmul_rounds_to_tf32(lhs.dtype(), &lhs.device()) {
+        let (dtype, device) = (lhs.dtype(), lhs.device());
+        if !Self::replaces_matmul(dtype, &device) {
             return autotuned_matmul(lhs, rhs);
         }
-        let product = f32_matmul(lhs.into_primitive().tensor(), rhs.into_primitive().tensor());
+        let (lhs, rhs) = (lhs.into_primitive().tensor(), rhs.into_primitive().tensor());
+        let cublas = if routes_to_cublas::<R>(dtype) { cublas_matmul(&lhs, &rhs) } else { None };
+        let product = match cublas {
+            Some(product) => product,
+            None if matmul_rounds_to_tf32(&R::client(&device), dtype) => f32_matmul(lhs, rhs),
+            None => return autotuned_matmul(Tensor::from_primitive(TensorPrimitive::Float(lhs)), Tensor::from_primitive(TensorPrimitive::Float(rhs))),
+        };
         Tensor::from_primitive(TensorPrimitive::Float(product))
     }
 
-    fn matmul_rounds_to_tf32(dtype: DType, device: &R::Device) -> bool {
-        matmul_rounds_to_tf32(&R::client(device), dtype)
+    fn replaces_matmul(dtype: DType, device: &R::Device) -> bool {
+        routes_to_cublas::<R>(dtype) || matmul_rounds_to_tf32(&R::client(device), dtype)
+    }
+
+    fn free_memory(device: &R::Device) -> Option<u64> {
+        free_device_memory::<R>(device)
     }
 
     fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {
@@ -86,15 +99,19 @@ impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
     /// Through fusion only where the inner backend replaces the matmul: a settled matmul is
     /// one the fusion stream cannot fuse its neighbours into.
     fn matmul<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
-        if !B::matmul_rounds_to_tf32(lhs.dtype(), &lhs.device()) {
+        if !B::replaces_matmul(lhs.dtype(), &lhs.device()) {
             return autotuned_matmul(lhs, rhs);
         }
         let client = fusion_client(&lhs);
         into_fusion(B::matmul(settle(lhs), settle(rhs)), &client)
     }
 
-    fn matmul_rounds_to_tf32(dtype: DType, device: &B::Device) -> bool {
-        B::matmul_rounds_to_tf32(dtype, device)
+    fn replaces_matmul(dtype: DType, device: &B::Device) -> bool {
+        B::replaces_matmul(dtype, device)
+    }
+
+    fn free_memory(device: &B::Device) -> Option<u64> {
+        B::free_memory(device)
     }
 
     fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {

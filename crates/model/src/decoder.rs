@@ -166,6 +166,17 @@ impl<B: ScoringBackend> DecoderModel<B> {
         self.embed_tokens.device()
     }
 
+    /// Device bytes one padded item token of a pass needs at a layer's widest point: the
+    /// activations alive at once (residual stream and its norm, fused QKV, attention output,
+    /// fused gate-up and SiLU·up) plus its row of an LM-head vocabulary chunk (the worst case,
+    /// one-token items, makes every token an item end), doubled for kernels' temporaries.
+    pub fn pass_bytes_per_token(&self) -> u64 {
+        let c = &self.config;
+        let (q_width, kv_width) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let elements = 2 * c.hidden_size + (q_width + 2 * kv_width) + q_width + 3 * c.intermediate_size + lm_head::VOCAB_CHUNK;
+        2 * (elements * self.embed_tokens.dtype().size()) as u64
+    }
+
     /// A query of length zero: items then attend only to themselves (used for `item_first`).
     pub fn empty_query(&self) -> QueryKv<B> {
         let c = &self.config;

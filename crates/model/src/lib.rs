@@ -33,6 +33,11 @@ pub mod source;
 pub mod weights;
 
 pub use backend::ScoringBackend;
+#[cfg(feature = "cubecl")]
+pub use tally_shaders::{set_matmul_route, MatmulRoute};
+/// The cuBLASLt route's availability check and per-shape profile.
+#[cfg(feature = "cublas")]
+pub use tally_shaders::cublas;
 pub use config::{Family, ModelConfig};
 pub use decoder::{AttentionRoute, DecoderModel, HotPaths};
 pub use layout::ItemLayout;

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""The top kernels of a profiled run, as a markdown table.
+
+CubeCL (`CUBECL_DEBUG_OPTION=profile`) prints its cumulative per-kernel table at every sync; the
+last one in the log covers the whole process. cuBLASLt GEMMs are not CubeCL kernels: tally prints
+their table itself (`cuBLASLt GEMMs: ...`) at the end of `bench scenario`, and it is appended.
+
+    profile_table.py CUBECL_LOG [--stdout SCENARIO_STDOUT] [--top 20] [--out profile.md]
+"""
+import argparse
+import re
+import sys
+
+UNITS = {"ns": 1e-6, "µs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def milliseconds(text):
+    match = re.fullmatch(r"([0-9.]+)\s*(ns|µs|us|ms|s)", text.strip())
+    return float(match.group(1)) * UNITS[match.group(2)] if match else None
+
+
+def last_table(lines):
+    """Rows (name, ms, calls) of the last `| Name | Duration | Num Computed | Ratio |` table."""
+    start = max((i for i, line in enumerate(lines) if re.match(r"\|\s*Name\s*\|\s*Duration\s*\|", line)), default=None)
+    if start is None:
+        return []
+    rows = []
+    for line in lines[start + 1:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3:
+            if rows:
+                break
+            continue
+        if cells[0] == "Total":
+            break
+        ms = milliseconds(cells[1])
+        if ms is not None and cells[2].isdigit():
+            rows.append((cells[0], ms, int(cells[2])))
+    return rows
+
+
+def category(name):
+    lower = name.lower()
+    for key, label in (("multi_item", "attention (tally kernel)"), ("attention", "attention"), ("matmul", "matmul (CubeCL)"),
+                       ("label", "LM head labels"), ("fuse", "fused elementwise"), ("reduce", "reductions"), ("copy", "copies"),
+                       ("contiguous", "copies"), ("cast", "casts")):
+        if key in lower:
+            return label
+    return "other"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("log")
+    parser.add_argument("--stdout", help="the scenario's stdout, for tally's cuBLASLt table")
+    parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--title", default="Profile")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+
+    try:
+        with open(args.log, errors="replace") as f:
+            rows = last_table(f.read().splitlines())
+    except FileNotFoundError:  # a backend CubeCL does not run (the CPU rehearsal) logs nothing
+        rows = []
+    out = [f"## {args.title}", ""]
+    if not rows:
+        out.append("No CubeCL profile table in the log (was CUBECL_DEBUG_OPTION=profile set?).")
+    else:
+        total = sum(ms for _, ms, _ in rows)
+        out += [f"CubeCL kernels: {total:.1f} ms over {sum(c for _, _, c in rows)} launches, {len(rows)} distinct kernels.", "",
+                "| # | kernel | ms | launches | share |", "|---|---|---|---|---|"]
+        for i, (name, ms, calls) in enumerate(sorted(rows, key=lambda r: -r[1])[: args.top], 1):
+            short = name if len(name) <= 110 else name[:107] + "..."
+            out.append(f"| {i} | `{short}` | {ms:.2f} | {calls} | {100 * ms / total:.1f} % |")
+        by_category = {}
+        for name, ms, calls in rows:
+            by_category[category(name)] = by_category.get(category(name), 0.0) + ms
+        out += ["", "| category | ms | share |", "|---|---|---|"]
+        for label, ms in sorted(by_category.items(), key=lambda kv: -kv[1]):
+            out.append(f"| {label} | {ms:.2f} | {100 * ms / total:.1f} % |")
+    if args.stdout:
+        with open(args.stdout, errors="replace") as f:
+            text = f.read()
+        start = text.rfind("cuBLASLt GEMMs:")
+        if start >= 0:
+            out += ["", text[start:].strip()]
+    report = "\n".join(out) + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(report)
+    sys.stdout.write(report)
+
+
+if __name__ == "__main__":
+    main()

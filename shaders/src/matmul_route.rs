@@ -1,0 +1,64 @@
+//! Which library multiplies on CUDA (`--matmul`): CubeCL's autotuned cubek kernels, or
+//! cuBLASLt ([`crate::cublas`], feature `cublas`). One process-wide choice, set once by the
+//! command line before the model runs; other runtimes always use CubeCL.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use burn_backend::DType;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeRuntime;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulRoute {
+    /// Burn's autotuned matmul (cubek, `mma.sync` on tensor cores), or tally's float32 unit
+    /// matmul where the tensor-core one would round to tf32.
+    Cubecl,
+    /// cuBLASLt on CUDA (wgmma on Hopper), float32 accumulation, float32 kept float32.
+    Cublas,
+}
+
+static ROUTE: AtomicU8 = AtomicU8::new(MatmulRoute::Cubecl as u8);
+
+/// Picks the route for every later matmul of the process. [`MatmulRoute::Cublas`] takes effect
+/// in a build with feature `cublas`, on CUDA.
+pub fn set_matmul_route(route: MatmulRoute) {
+    ROUTE.store(route as u8, Ordering::Relaxed);
+}
+
+pub fn matmul_route() -> MatmulRoute {
+    if ROUTE.load(Ordering::Relaxed) == MatmulRoute::Cublas as u8 {
+        MatmulRoute::Cublas
+    } else {
+        MatmulRoute::Cubecl
+    }
+}
+
+/// Whether `R`'s matmuls of `dtype` go to cuBLASLt: the route is picked, this is CUDA and a
+/// float type cuBLASLt multiplies.
+pub fn routes_to_cublas<R: CubeRuntime>(dtype: DType) -> bool {
+    #[cfg(feature = "cublas")]
+    let cuda = crate::cuda::is_cuda::<R>();
+    #[cfg(not(feature = "cublas"))]
+    let cuda = false;
+    cuda && matmul_route() == MatmulRoute::Cublas && matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+}
+
+/// `lhs · rhs` through cuBLASLt, or `None` where it declines the shapes (broadcast batches,
+/// an empty dimension): the caller's own matmul runs then. A library or driver failure panics
+/// with its message (a half-done GEMM leaves nothing to fall back to).
+pub fn cublas_matmul<R: CubeRuntime>(lhs: &CubeTensor<R>, rhs: &CubeTensor<R>) -> Option<CubeTensor<R>> {
+    #[cfg(feature = "cublas")]
+    {
+        let (lhs, rhs) = (crate::cuda::as_cuda(lhs.clone())?, crate::cuda::as_cuda(rhs.clone())?);
+        match crate::cublas::matmul(lhs, rhs) {
+            Ok(product) => crate::cuda::from_cuda(product),
+            Err(crate::cublas::CublasError::Declined(_)) => None,
+            Err(failure) => panic!("{failure}"),
+        }
+    }
+    #[cfg(not(feature = "cublas"))]
+    {
+        let _ = (lhs, rhs);
+        None
+    }
+}
