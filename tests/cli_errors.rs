@@ -56,6 +56,9 @@ fn unsupported_backend_and_dtype_pairs_are_refused() {
     let out = tally(&["score", "--model", tied.to_str().unwrap(), "--request", "-", "--dtype", "bfloat16"], &request);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--dtype bfloat16 needs --backend cuda"));
+    let out = tally(&["score", "--model", tied.to_str().unwrap(), "--request", "-", "--matmul", "cublas"], &request);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--matmul cublas needs --backend cuda"));
 }
 
 #[test]
