@@ -85,7 +85,7 @@ pub fn matmul(lhs: CubeTensor<CudaRuntime>, rhs: CubeTensor<CudaRuntime>) -> Res
     // Column-major cuBLAS computes the row-major product as outᵀ (n × m) = rhsᵀ · lhsᵀ.
     let out_strides = out.meta.strides();
     let key = PlanKey {
-        data_type: data_type as i32,
+        data_type,
         m,
         n,
         k,
@@ -144,7 +144,7 @@ struct CublasOperand {
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 struct PlanKey {
-    data_type: i32,
+    data_type: sys::cudaDataType,
     m: usize,
     n: usize,
     k: usize,
@@ -243,11 +243,7 @@ impl Engine {
     }
 
     fn plan(&self, key: &PlanKey) -> Result<Plan, CublasError> {
-        let data_type = match key.data_type {
-            t if t == sys::cudaDataType::CUDA_R_16BF as i32 => sys::cudaDataType::CUDA_R_16BF,
-            t if t == sys::cudaDataType::CUDA_R_16F as i32 => sys::cudaDataType::CUDA_R_16F,
-            _ => sys::cudaDataType::CUDA_R_32F,
-        };
+        let data_type = key.data_type;
         // Float32 accumulation for every type; for float32 operands this is true float32 (the
         // tf32 mode would be CUBLAS_COMPUTE_32F_FAST_TF32).
         let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
@@ -270,7 +266,14 @@ impl Engine {
             lt::set_matmul_pref_attribute(preference, sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, (&bytes as *const u64).cast(), std::mem::size_of::<u64>())?;
             let heuristic = lt::get_matmul_algo_heuristic(self.handle, desc, a, b, c, c, preference);
             lt::destroy_matmul_pref(preference)?;
-            Ok(Plan { desc, a, b, c, algo: heuristic?.algo })
+            match heuristic {
+                Ok(heuristic) => Ok(Plan { desc, a, b, c, algo: heuristic.algo }),
+                Err(no_algorithm) => {
+                    // Nothing keeps a plan that cannot run: free its descriptors.
+                    let _ = (lt::destroy_matrix_layout(a), lt::destroy_matrix_layout(b), lt::destroy_matrix_layout(c), lt::destroy_matmul_desc(desc));
+                    Err(no_algorithm.into())
+                }
+            }
         }
     }
 }
