@@ -7,8 +7,8 @@ use std::time::Instant;
 use anyhow::{ensure, Result};
 use clap::Args;
 use serde_json::{json, Value};
-use tally_core::{Items, PassBudget, Query, ScoreRequest};
-use tally_engine::{Scorer, ScorerOptions};
+use tally_core::{Items, Query, ScoreRequest};
+use tally_engine::Scorer;
 use tally_model::ScoringBackend;
 
 use crate::rng::Rng;
@@ -42,14 +42,13 @@ pub struct ScenarioArgs {
 }
 
 impl ScenarioArgs {
-    /// The engine's options for this run: a prefix cache that holds the static prefix (the
-    /// pass budget is sized after loading, from `--max-batch-tokens` or the device).
-    pub fn scorer_options(&self) -> ScorerOptions {
-        ScorerOptions { pass_budget: PassBudget::default(), prefix_cache_bytes: 1 << 30 }
+    /// The prefix cache for this run: room for the static prefix.
+    pub fn prefix_cache_bytes(&self) -> usize {
+        1 << 30
     }
 }
 
-/// Runs the scenario on a scorer loaded with [`ScenarioArgs::scorer_options`]; prints the table
+/// Runs the scenario on a scorer loaded with [`ScenarioArgs::prefix_cache_bytes`]; prints the table
 /// and returns the result.
 pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_on: &RunsOn) -> Result<Value> {
     let (static_tokens, suffix_tokens, item_tokens) = match args.scenario {

@@ -10,7 +10,11 @@ use tally_model::ScoringBackend;
 
 use crate::backend::Attention;
 
-pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, options: ScorerOptions, attention: Attention) -> Result<Scorer<B>> {
+/// Loads `model` with a prefix cache of `prefix_cache_bytes`, the attention route asked for,
+/// and passes of `max_batch_tokens` (`--max-batch-tokens`) or, if not given, as many as the
+/// device's free memory allows, else [`PassBudget::default`]'s.
+pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_cache_bytes: usize, max_batch_tokens: Option<usize>, attention: Attention) -> Result<Scorer<B>> {
+    let options = ScorerOptions { prefix_cache_bytes, ..ScorerOptions::default() };
     let bar = ProgressBar::new(0).with_style(ProgressStyle::with_template("loading {msg} {bar:30} {pos}/{len} layers {elapsed}").expect("a valid template"));
     bar.set_message(model.file_name().map_or_else(String::new, |name| name.to_string_lossy().into_owned()));
     let mut progress = |done: usize, total: usize| {
@@ -21,13 +25,7 @@ pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, options:
     bar.finish_and_clear();
     let mut scorer = scorer?;
     scorer.set_attention_route(attention.into());
-    Ok(scorer)
-}
-
-/// Sizes the scorer's passes: `asked` tokens if given (`--max-batch-tokens`), else what the
-/// device's free memory allows, else [`PassBudget::default`]'s. Returns the budget set.
-pub fn size_passes<B: ScoringBackend>(scorer: &mut Scorer<B>, asked: Option<usize>) -> usize {
-    let tokens = match (asked, scorer.device_pass_tokens()) {
+    let tokens = match (max_batch_tokens, scorer.device_pass_tokens()) {
         (Some(tokens), _) => tokens,
         (None, Some(tokens)) => {
             tracing::info!("passes of up to {tokens} item tokens, from the device's free memory");
@@ -36,5 +34,5 @@ pub fn size_passes<B: ScoringBackend>(scorer: &mut Scorer<B>, asked: Option<usiz
         (None, None) => PassBudget::default().max_tokens,
     };
     scorer.set_max_pass_tokens(tokens);
-    tokens
+    Ok(scorer)
 }

@@ -5,8 +5,8 @@ use std::io::Read;
 
 use anyhow::{bail, Context, Result};
 use tally_model::ScoringBackend;
-use tally_core::{Items, PassBudget, Query, ScoreRequest};
-use tally_engine::{Scorer, ScorerOptions};
+use tally_core::{Items, Query, ScoreRequest};
+use tally_engine::Scorer;
 
 use crate::backend::{dispatch, WithBackend};
 use crate::cli::ScoreArgs;
@@ -21,11 +21,9 @@ impl WithBackend for ScoreArgs {
     type Output = String;
 
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<String> {
-        let options = ScorerOptions { pass_budget: PassBudget::default(), prefix_cache_bytes: 0 };
         // A malformed request fails before a possibly large model is loaded.
         let request = self.request.as_deref().map(read_request).transpose()?;
-        let mut scorer = crate::loading::load_scorer::<B>(&self.model, &device, options, self.device.attention)?;
-        crate::loading::size_passes(&mut scorer, self.max_batch_tokens);
+        let mut scorer = crate::loading::load_scorer::<B>(&self.model, &device, 0, self.max_batch_tokens, self.device.attention)?;
         match request {
             Some(request) => Ok(serde_json::to_string(&scorer.score(&request)?)? + "\n"),
             None => table(&mut scorer, &self),

@@ -12,8 +12,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::Semaphore;
 use tally_model::ScoringBackend;
-use tally_core::PassBudget;
-use tally_engine::{Reranker, Scheduler, SchedulerOptions, Scorer, ScorerOptions};
+use tally_engine::{Reranker, Scheduler, SchedulerOptions, Scorer};
 
 use crate::backend::{dispatch, BackendKind, WithBackend};
 use crate::cli::ServeArgs;
@@ -51,9 +50,8 @@ impl WithBackend for ServeArgs {
 
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Self::Output> {
         let (dir, name) = crate::hub::resolve_model(&self.model)?;
-        let options = ScorerOptions { pass_budget: PassBudget::default(), prefix_cache_bytes: self.prefix_cache_mib << 20 };
-        let mut scorer = crate::loading::load_scorer::<B>(&dir, &device, options, self.device.attention)?.with_model_name(name);
-        let max_batch_tokens = crate::loading::size_passes(&mut scorer, self.max_batch_tokens);
+        let mut scorer = crate::loading::load_scorer::<B>(&dir, &device, self.prefix_cache_mib << 20, self.max_batch_tokens, self.device.attention)?.with_model_name(name);
+        let max_batch_tokens = scorer.max_pass_tokens();
         if self.device.backend != BackendKind::Cpu && !self.no_warmup {
             warm_up(&mut scorer)?;
         }
