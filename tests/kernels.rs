@@ -15,12 +15,15 @@ mod kernel_cases;
 use burn::tensor::{Tensor, TensorPrimitive};
 use kernel_cases::*;
 use tally_model::lm_head::{label_logprobs, LabelTable};
-use tally_model::{LayerPrefixes, QueryBatch, QueryKv, ScoringBackend};
-use tally_shaders::StreamedLabelLogprobs;
+use tally_model::{AttentionRoute, LayerPrefixes, QueryBatch, QueryKv, ScoringBackend};
+use tally_shaders::{AttentionKernel, StreamedLabelLogprobs};
 
+/// Both kernels (the tiled one as its register tile in float32) against the CPU.
 fn check_attention(case: Case, seed: u64) {
-    let name = case.name();
-    assert_close(&case.kernel::<f32>(seed), &case.expected(seed), 1e-4, &name);
+    let expected = case.expected(seed);
+    for kernel in [AttentionKernel::Rows, AttentionKernel::Tiled] {
+        assert_close(&case.kernel::<f32>(seed, kernel), &expected, 1e-4, &format!("{kernel:?}, {}", case.name()));
+    }
 }
 
 
@@ -80,6 +83,20 @@ fn attention_tiles_mix_whole_items_and_pieces_of_long_ones() {
 }
 
 #[test]
+fn attention_just_under_at_and_past_the_tiled_kernels_tiles() {
+    if !gpu::gpu_or_skip("attention_just_under_at_and_past_the_tiled_kernels_tiles") {
+        return;
+    }
+    // The tiled kernel's sizes: 16 keys a step, 16 rows a plane, 64 rows a cube (16 tokens at
+    // GQA 4, 64 at GQA 1), so prefixes and items of 15/16/17 and 63/64/65 tokens; a GQA group
+    // of 3 leaves a cube's last row empty (21 tokens × 3), one of 64 fills a cube with a token.
+    check_attention(Case { groups: vec![(15, vec![15, 16, 17]), (16, vec![1]), (17, vec![16, 16])], q_heads: 4, kv_heads: 1, head_dim: 16 }, 11);
+    check_attention(Case { groups: vec![(63, vec![63, 64, 65]), (64, vec![64]), (65, vec![1, 63])], q_heads: 2, kv_heads: 2, head_dim: 32 }, 12);
+    check_attention(Case { groups: vec![(31, vec![21, 22, 20, 1])], q_heads: 6, kv_heads: 2, head_dim: 24 }, 13);
+    check_attention(Case { groups: vec![(33, vec![2, 3])], q_heads: 64, kv_heads: 1, head_dim: 16 }, 14);
+}
+
+#[test]
 fn attention_through_the_fusion_backend_matches() {
     if !gpu::gpu_or_skip("attention_through_the_fusion_backend_matches") {
         return;
@@ -93,10 +110,12 @@ fn attention_through_the_fusion_backend_matches() {
     let batch = QueryBatch::new(case.prefixes_on::<Fused>(7).into_iter().map(|prefix| QueryKv::from_layers(vec![prefix])).collect());
     let group_queries: Vec<usize> = (0..case.groups.len()).collect();
     let spans: Vec<(usize, usize)> = group_queries.iter().map(|&g| batch.span(g)).collect();
-    let plan = Fused::plan_attention(&layout, &spans, q / kv, &Default::default());
     let prefixes = LayerPrefixes::new(&batch, 0, &group_queries);
-    let output = Fused::multi_item_attention(tensor(&queries, [t, q, d]), tensor(&keys, [t, kv, d]), tensor(&values, [t, kv, d]), &prefixes, &plan);
-    assert_close(&host(output), &case.expected(7), 1e-4, "fused wgpu");
+    for route in [AttentionRoute::Kernel, AttentionRoute::Tiled] {
+        let plan = Fused::plan_attention(route, &layout, &spans, q / kv, &Default::default());
+        let output = Fused::multi_item_attention(tensor(&queries, [t, q, d]), tensor(&keys, [t, kv, d]), tensor(&values, [t, kv, d]), &prefixes, &plan);
+        assert_close(&host(output), &case.expected(7), 1e-4, &format!("fused, {route:?}"));
+    }
 }
 
 /// Label log-probabilities over a vocabulary of three chunks (the last one partial), labels in

@@ -8,7 +8,7 @@ use clap::Args;
 use burn::tensor::{activation::softmax, backend::Backend, ElementConversion, Tensor, TensorData};
 use serde_json::{json, Value};
 use tally_model::attention::{self, PaddedPlan, PrefixKv};
-use tally_model::{ItemLayout, LayerPrefixes, QueryBatch, QueryKv, ScoringBackend};
+use tally_model::{AttentionRoute, ItemLayout, LayerPrefixes, QueryBatch, QueryKv, ScoringBackend};
 
 use crate::rng::Rng;
 use crate::timing::median_seconds;
@@ -57,22 +57,25 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
 
     // Planned once per pass in the model, so timed apart from the per-layer run.
     let spans = [(0, a.prefix)];
-    let kernel_plan = || B::plan_attention(&layout, &spans, group, &device);
+    let kernel_plan = || B::plan_attention(AttentionRoute::Kernel, &layout, &spans, group, &device);
+    let tiled_plan = || B::plan_attention(AttentionRoute::Tiled, &layout, &spans, group, &device);
     let cascade_plan = || PaddedPlan::<B>::new(&layout, group, &device);
-    let (planned_kernel, planned_cascade) = (kernel_plan(), cascade_plan());
+    let (planned_kernel, planned_tiled, planned_cascade) = (kernel_plan(), tiled_plan(), cascade_plan());
     let batch = QueryBatch::new(vec![QueryKv::from_layers(vec![prefix.clone()])]);
     let prefixes = LayerPrefixes::new(&batch, 0, &[0]);
     let multi_item = || B::multi_item_attention(queries.clone(), keys.clone(), values.clone(), &prefixes, &planned_kernel);
+    let tiled = || B::multi_item_attention(queries.clone(), keys.clone(), values.clone(), &prefixes, &planned_tiled);
     let cascade = || attention::multi_item_attention(queries.clone(), keys.clone(), values.clone(), &[&prefix], &planned_cascade);
     let mask = dense_mask::<B>(a.prefix, &layout, group, &device);
     let dense = || dense_masked_attention(queries.clone(), keys.clone(), values.clone(), &prefix, mask.clone());
 
     // Same answer first: a benchmark of a wrong kernel is worth nothing.
-    for (name, output) in [("kernel", multi_item()), ("cascade", cascade())] {
+    for (name, output) in [("kernel", multi_item()), ("tiled", tiled()), ("cascade", cascade())] {
         let difference = (output - dense()).abs().max().into_scalar().elem::<f32>();
         ensure!(difference < 1e-2, "the {name} route and dense attention disagree by {difference}");
     }
     let multi_item_ms = median_seconds(a.iterations, || multi_item().sum().into_scalar()) * 1e3;
+    let tiled_ms = median_seconds(a.iterations, || tiled().sum().into_scalar()) * 1e3;
     let cascade_ms = median_seconds(a.iterations, || cascade().sum().into_scalar()) * 1e3;
     let dense_ms = median_seconds(a.iterations, || dense().sum().into_scalar()) * 1e3;
     let kernel_plan_ms = median_seconds(a.iterations, kernel_plan) * 1e3;
@@ -91,12 +94,14 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
         "iterations": a.iterations,
         "multi_item_ms": multi_item_ms,
         "dense_masked_ms": dense_ms,
+        "tiled_ms": tiled_ms,
         "cascade_ms": cascade_ms,
         "kernel_plan_ms": kernel_plan_ms,
         "cascade_plan_ms": cascade_plan_ms,
         "speedup": dense_ms / multi_item_ms,
         "useful_tflop": flop / 1e12,
         "multi_item_tflops": tflops(multi_item_ms),
+        "tiled_tflops": tflops(tiled_ms),
         "cascade_tflops": tflops(cascade_ms),
         "dense_masked_tflops_useful": tflops(dense_ms),
     }))

@@ -38,8 +38,12 @@ pub enum DType {
 /// Which multi-item attention runs (`tally_model::AttentionRoute`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Attention {
-    /// tally's multi-item kernel on wgpu and CUDA (masked tiles never computed); the cascade on the CPU.
+    /// tally's multi-item kernel on wgpu and CUDA, one query row per unit (masked tiles never
+    /// computed); the cascade on the CPU.
     Kernel,
+    /// The tiled multi-item kernel: 64-row × 16-key tiles on tensor cores (CUDA, bfloat16), in
+    /// registers on wgpu and in float32; the cascade on the CPU.
+    Tiled,
     /// Prefix part as one batched matmul per KV head (tensor cores on CUDA), own-item part
     /// padded, merged by log-sum-exp: plain Burn ops.
     Cascade,
@@ -49,6 +53,7 @@ impl From<Attention> for tally_model::AttentionRoute {
     fn from(attention: Attention) -> Self {
         match attention {
             Attention::Kernel => tally_model::AttentionRoute::Kernel,
+            Attention::Tiled => tally_model::AttentionRoute::Tiled,
             Attention::Cascade => tally_model::AttentionRoute::Cascade,
         }
     }

@@ -23,7 +23,7 @@ mod grid;
 pub mod label_logprobs;
 pub mod matmul_route;
 
-pub use attention::{AttentionTiles, MultiItemAttention};
+pub use attention::{tensor_core_tiles, AttentionKernel, AttentionTiles, MultiItemAttention};
 pub use f32_matmul::{f32_matmul, matmul_rounds_to_tf32};
 pub use label_logprobs::StreamedLabelLogprobs;
 pub use matmul_route::{cublas_matmul, routes_to_cublas, set_matmul_route, MatmulRoute};

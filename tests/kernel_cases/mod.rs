@@ -9,7 +9,7 @@ use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::{tensor::CubeTensor, CubeBackend, CubeRuntime, FloatElement};
 use tally_model::attention::{multi_item_attention, PaddedPlan, PrefixKv};
 use tally_model::{ItemLayout, ScoringBackend};
-use tally_shaders::{AttentionTiles, MultiItemAttention};
+use tally_shaders::{AttentionKernel, AttentionTiles, MultiItemAttention};
 
 pub type Reference = NdArray<f32>;
 
@@ -127,15 +127,15 @@ impl Case {
         (keys, values, total, spans)
     }
 
-    /// The kernel in float type `F`, called directly with a poisoned output.
-    pub fn kernel<F: FloatElement>(&self, seed: u64) -> Vec<f32> {
+    /// `kernel` in float type `F`, called directly with a poisoned output.
+    pub fn kernel<F: FloatElement>(&self, seed: u64, kernel: AttentionKernel) -> Vec<f32> {
         let (queries, keys, values, _) = self.inputs(seed);
         let (prefix_keys, prefix_values, total, spans) = self.joined_prefixes(seed);
         let layout = self.layout();
         let (t, q, kv, d) = (layout.tokens(), self.q_heads, self.kv_heads, self.head_dim);
         let item_prefixes: Vec<(usize, usize)> = layout.item_groups().map(|g| spans[g]).collect();
         let device = Default::default();
-        let tiles = AttentionTiles::<GpuRuntime>::new(&GpuRuntime::client(&device), &device, layout.offsets(), &item_prefixes, q / kv);
+        let tiles = AttentionTiles::<GpuRuntime>::new(&GpuRuntime::client(&device), &device, layout.offsets(), &item_prefixes, q / kv, kernel);
         let output = poisoned::<F, 3>([t, q, d]);
         MultiItemAttention {
             queries: cube(tensor::<Gpu<F>, 3>(&queries, [t, q, d])),

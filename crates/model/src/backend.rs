@@ -4,7 +4,7 @@
 use burn::tensor::{backend::Backend, DType, Tensor};
 
 use crate::attention::{self, PaddedPlan};
-use crate::decoder::AttentionRoute;
+use crate::route::AttentionRoute;
 use crate::layout::ItemLayout;
 use crate::lm_head::{self, LabelTable};
 use crate::query_kv::LayerPrefixes;
@@ -15,10 +15,11 @@ pub trait ScoringBackend: Backend {
     /// layer (the kernel's tile tables, on the device).
     type AttentionPlan;
 
-    /// Plans multi-item attention for the items of `layout`. `prefix_spans[g]`: (first token,
+    /// Plans multi-item attention for the items of `layout` on `route`'s kernel (never
+    /// [`AttentionRoute::Cascade`], which is plain Burn ops). `prefix_spans[g]`: (first token,
     /// length) of group `g`'s prefix in the joined prefix K/V ([`LayerPrefixes::joined`]);
     /// `group`: query heads per KV head.
-    fn plan_attention(layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &Self::Device) -> Self::AttentionPlan;
+    fn plan_attention(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &Self::Device) -> Self::AttentionPlan;
 
     /// Multi-item attention over packed items as planned: see [`attention::multi_item_attention`].
     fn multi_item_attention(
@@ -59,7 +60,7 @@ pub trait ScoringBackend: Backend {
 impl ScoringBackend for burn::backend::NdArray<f32> {
     type AttentionPlan = PaddedPlan<Self>;
 
-    fn plan_attention(layout: &ItemLayout, _prefix_spans: &[(usize, usize)], group: usize, device: &Self::Device) -> PaddedPlan<Self> {
+    fn plan_attention(_route: AttentionRoute, layout: &ItemLayout, _prefix_spans: &[(usize, usize)], group: usize, device: &Self::Device) -> PaddedPlan<Self> {
         PaddedPlan::new(layout, group, device)
     }
 
@@ -78,7 +79,7 @@ pub(crate) enum AttentionPlan<B: ScoringBackend> {
 impl<B: ScoringBackend> AttentionPlan<B> {
     pub(crate) fn new(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &B::Device) -> Self {
         match route {
-            AttentionRoute::Kernel => AttentionPlan::Backend(B::plan_attention(layout, prefix_spans, group, device)),
+            AttentionRoute::Kernel | AttentionRoute::Tiled => AttentionPlan::Backend(B::plan_attention(route, layout, prefix_spans, group, device)),
             AttentionRoute::Cascade => AttentionPlan::Cascade(PaddedPlan::new(layout, group, device)),
         }
     }

@@ -5,11 +5,12 @@ use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr};
-use tally_shaders::{cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
+use tally_shaders::{cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
 use crate::attention::PrefixKv;
 use crate::query_kv::{LayerPrefixes, QueryBatch, QueryKv};
 use crate::backend::ScoringBackend;
+use crate::route::AttentionRoute;
 use crate::layout::ItemLayout;
 use crate::lm_head::{LabelTable, VOCAB_CHUNK};
 
@@ -22,9 +23,13 @@ where
 {
     type AttentionPlan = AttentionTiles<R>;
 
-    fn plan_attention(layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &R::Device) -> AttentionTiles<R> {
+    fn plan_attention(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &R::Device) -> AttentionTiles<R> {
         let item_prefixes: Vec<(usize, usize)> = layout.item_groups().map(|g| prefix_spans[g]).collect();
-        AttentionTiles::new(&R::client(device), device, layout.offsets(), &item_prefixes, group)
+        let kernel = match route {
+            AttentionRoute::Tiled => AttentionKernel::Tiled,
+            AttentionRoute::Kernel | AttentionRoute::Cascade => AttentionKernel::Rows,
+        };
+        AttentionTiles::new(&R::client(device), device, layout.offsets(), &item_prefixes, group, kernel)
     }
 
     fn multi_item_attention(queries: Tensor<Self, 3>, keys: Tensor<Self, 3>, values: Tensor<Self, 3>, prefixes: &LayerPrefixes<'_, Self>, plan: &AttentionTiles<R>) -> Tensor<Self, 3> {
@@ -83,8 +88,8 @@ where
 impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
     type AttentionPlan = B::AttentionPlan;
 
-    fn plan_attention(layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &B::Device) -> B::AttentionPlan {
-        B::plan_attention(layout, prefix_spans, group, device)
+    fn plan_attention(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &B::Device) -> B::AttentionPlan {
+        B::plan_attention(route, layout, prefix_spans, group, device)
     }
 
     fn multi_item_attention(queries: Tensor<Self, 3>, keys: Tensor<Self, 3>, values: Tensor<Self, 3>, prefixes: &LayerPrefixes<'_, Self>, plan: &B::AttentionPlan) -> Tensor<Self, 3> {

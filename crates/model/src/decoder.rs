@@ -12,6 +12,7 @@ use crate::layout::ItemLayout;
 use crate::lm_head::{self, LabelTable};
 use crate::query_kv::{ItemGroup, LayerPrefixes, QueryBatch, QueryKv, PREFILL_CHUNK};
 use crate::rope::Rope;
+use crate::route::AttentionRoute;
 use crate::weights::{TensorSource, WeightsError};
 
 pub struct DecoderModel<B: Backend> {
@@ -36,19 +37,6 @@ pub enum HotPaths {
     /// Plain Burn ops on any backend: the reference, and the fallback where a kernel cannot run
     /// (a browser whose WebGPU gets them wrong).
     Plain,
-}
-
-/// How multi-item attention runs when the hot paths are the backend's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AttentionRoute {
-    /// The backend's kernel: on CubeCL backends tally's multi-item kernel (one query row per
-    /// unit, tiles of other items never computed); elsewhere the cascade.
-    #[default]
-    Kernel,
-    /// The cascade in plain Burn ops: the prefix part as one batched matmul per KV head (tensor
-    /// cores where the backend's matmul uses them), each item's own part padded and causal, the
-    /// two merged by their log-sum-exps.
-    Cascade,
 }
 
 struct DecoderLayer<B: Backend> {

@@ -9,6 +9,7 @@
 //! - [`decoder`]: the model: prefill a shared query once ([`query_kv`]), then score many items
 //!   in one pass.
 //! - [`layout`]: how the items of a pass are packed (CSR offsets, query groups).
+//! - [`route`]: which multi-item attention runs ([`AttentionRoute`]).
 //! - [`backend`]: the hot paths as backend operations ([`ScoringBackend`]):
 //!   - [`attention`]: multi-item attention (query + per-item causal) in plain Burn ops;
 //!   - [`lm_head`]: label logits and the streamed full-vocabulary log-sum-exp, plain Burn;
@@ -29,6 +30,7 @@ pub mod presets;
 pub mod query_kv;
 pub mod random;
 mod rope;
+pub mod route;
 pub mod source;
 pub mod weights;
 
@@ -39,7 +41,8 @@ pub use tally_shaders::{set_matmul_route, MatmulRoute};
 #[cfg(feature = "cublas")]
 pub use tally_shaders::cublas;
 pub use config::{Family, ModelConfig};
-pub use decoder::{AttentionRoute, DecoderModel, HotPaths};
+pub use decoder::{DecoderModel, HotPaths};
+pub use route::AttentionRoute;
 pub use layout::ItemLayout;
 pub use lm_head::LabelTable;
 pub use query_kv::{ItemGroup, LayerPrefixes, QueryBatch, QueryKv, PREFILL_CHUNK};

@@ -1,0 +1,19 @@
+//! Which multi-item attention runs: a leaf type the decoder, the backend trait and the server
+//! share.
+
+/// How multi-item attention runs when the hot paths are the backend's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionRoute {
+    /// The backend's row kernel: on CubeCL backends tally's multi-item kernel with one query row
+    /// per unit (tiles of other items never computed); elsewhere the cascade.
+    #[default]
+    Kernel,
+    /// The backend's tiled kernel: on CubeCL backends 64-row × 16-key tiles multiplied as
+    /// matrices, on tensor cores on CUDA in bf16/f16, in registers elsewhere; on the CPU the
+    /// cascade.
+    Tiled,
+    /// The cascade in plain Burn ops: the prefix part as one batched matmul per KV head (tensor
+    /// cores where the backend's matmul uses them), each item's own part padded and causal, the
+    /// two merged by their log-sum-exps.
+    Cascade,
+}

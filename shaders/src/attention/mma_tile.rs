@@ -1,0 +1,207 @@
+//! The tiled kernel's tile multiply on tensor cores: `mma.sync` m16n8k16 with bf16/f16
+//! operands and f32 accumulators (CubeCL's manual MMA, CUDA sm_80+). A plane's 16 rows are
+//! the `m`; the scores take two `n`-blocks of 8 keys and `head_dim / 16` `k`-steps, the output
+//! `head_dim / 8` `n`-blocks and one `k`-step of the 16 keys.
+//!
+//! Fragments are filled element by element from where CubeCL says each lane's elements sit
+//! (`position_of_nth`), so nothing here assumes PTX's register layout; the query fragments
+//! and the output accumulators stay in registers (as f32) for the whole key loop. `ldmatrix`
+//! loads and cp.async double buffering are the next steps, for the GPU suite to measure.
+
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::cmma::MmaDefinition;
+use burn_cubecl::cubecl::ir::MatrixIdent;
+use burn_cubecl::cubecl::prelude::*;
+
+use super::tiled::{plane_and_lane, TileMath, KEYS, NO_ROW};
+
+/// `(m, n, k)` of one multiply.
+pub const MMA_SHAPE: (u32, u32, u32) = (16, 8, 16);
+
+/// Elements a lane holds contiguously in one register: 32 bits of bf16/f16 operands, two f32
+/// accumulators (`contiguous_elements_cuda` in cubecl-cpp).
+type Pair = Const<2>;
+const PAIR: usize = 2;
+
+pub(super) struct MmaTile;
+
+#[cube]
+fn definition<F: Float>() -> MmaDefinition<F, F, f32> {
+    MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize)
+}
+
+/// An accumulator fragment of zeros.
+#[cube]
+fn zeros<F: Float>(def: MmaDefinition<F, F, f32>) -> Array<Vector<f32, Pair>> {
+    let count = def.vectors_per_lane(MatrixIdent::Accumulator);
+    let mut fragment = Array::<Vector<f32, Pair>>::new(count);
+    #[unroll]
+    for i in 0..count {
+        let mut pair = Vector::empty();
+        #[unroll]
+        for n in 0..PAIR {
+            pair[n] = 0.0;
+        }
+        fragment[i] = pair;
+    }
+    fragment
+}
+
+#[cube]
+impl TileMath for MmaTile {
+    /// The A fragments of the plane's rows, one per `k`-step of 16 dimensions, as f32.
+    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> Array<f32> {
+        let def = definition::<F>();
+        let (plane_row, lane) = plane_and_lane();
+        let per_step = def.elems_per_lane(MatrixIdent::A);
+        let mut query = Array::<f32>::new(comptime![head_dim / 16 * per_step]);
+        #[unroll]
+        for step in 0..comptime![head_dim / 16] {
+            #[unroll]
+            for n in 0..per_step {
+                let (row, dim) = def.position_of_nth(lane as u32, n as u32, MatrixIdent::A);
+                let offset = row_offsets[plane_row + row as usize];
+                let mut value = f32::new(0.0);
+                if offset != NO_ROW {
+                    value = f32::cast_from(queries[offset as usize + step * 16 + dim as usize]);
+                }
+                query[step * per_step + n] = value;
+            }
+        }
+        query
+    }
+
+    /// The accumulator fragments of the plane's output rows, one per `n`-block of 8 dimensions.
+    fn new_output<F: Float>(#[comptime] head_dim: usize) -> Array<f32> {
+        let def = definition::<F>();
+        let per_block = def.elems_per_lane(MatrixIdent::Accumulator);
+        let mut output = Array::<f32>::new(comptime![head_dim / 8 * per_block]);
+        #[unroll]
+        for i in 0..comptime![head_dim / 8 * per_block] {
+            output[i] = 0.0;
+        }
+        output
+    }
+
+    fn scores<F: Float>(query: &Array<f32>, keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize) {
+        let def = definition::<F>();
+        let (plane_row, lane) = plane_and_lane();
+        let lane = lane as u32;
+        let per_step = def.elems_per_lane(MatrixIdent::A);
+        let a_vectors = def.vectors_per_lane(MatrixIdent::A);
+        let b_vectors = def.vectors_per_lane(MatrixIdent::B);
+        let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
+        #[unroll]
+        for block in 0..comptime![KEYS / 8] {
+            let mut product = zeros::<F>(def);
+            #[unroll]
+            for step in 0..comptime![head_dim / 16] {
+                let mut a = Array::<Vector<F, Pair>>::new(a_vectors);
+                #[unroll]
+                for i in 0..a_vectors {
+                    let mut pair = Vector::empty();
+                    #[unroll]
+                    for n in 0..PAIR {
+                        pair[n] = F::cast_from(query[step * per_step + i * PAIR + n]);
+                    }
+                    a[i] = pair;
+                }
+                // B is keysᵀ: element (dimension, key).
+                let mut b = Array::<Vector<F, Pair>>::new(b_vectors);
+                #[unroll]
+                for i in 0..b_vectors {
+                    let mut pair = Vector::empty();
+                    #[unroll]
+                    for n in 0..PAIR {
+                        let (dim, key) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::B);
+                        pair[n] = keys[(block * 8 + key as usize) * head_dim + step * 16 + dim as usize];
+                    }
+                    b[i] = pair;
+                }
+                def.execute_inplace(&a, &b, &mut product);
+            }
+            #[unroll]
+            for i in 0..c_vectors {
+                #[unroll]
+                for n in 0..PAIR {
+                    let (row, key) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::Accumulator);
+                    scores[(plane_row + row as usize) * KEYS + block * 8 + key as usize] = product[i][n] * scale;
+                }
+            }
+        }
+    }
+
+    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &SharedMemory<f32>, corrections: &SharedMemory<f32>, values: &SharedMemory<F>, #[comptime] head_dim: usize) {
+        let def = definition::<F>();
+        let (plane_row, lane) = plane_and_lane();
+        let lane = lane as u32;
+        let per_block = def.elems_per_lane(MatrixIdent::Accumulator);
+        let a_vectors = def.vectors_per_lane(MatrixIdent::A);
+        let b_vectors = def.vectors_per_lane(MatrixIdent::B);
+        let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
+        // The weights (A: element (row, key)) are the same for every block of dimensions.
+        let mut a = Array::<Vector<F, Pair>>::new(a_vectors);
+        #[unroll]
+        for i in 0..a_vectors {
+            let mut pair = Vector::empty();
+            #[unroll]
+            for n in 0..PAIR {
+                let (row, key) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::A);
+                pair[n] = F::cast_from(weights[(plane_row + row as usize) * KEYS + key as usize]);
+            }
+            a[i] = pair;
+        }
+        #[unroll]
+        for block in 0..comptime![head_dim / 8] {
+            let mut product = Array::<Vector<f32, Pair>>::new(c_vectors);
+            #[unroll]
+            for i in 0..c_vectors {
+                let mut pair = Vector::empty();
+                #[unroll]
+                for n in 0..PAIR {
+                    let (row, _) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::Accumulator);
+                    pair[n] = output[block * per_block + i * PAIR + n] * corrections[plane_row + row as usize];
+                }
+                product[i] = pair;
+            }
+            // B is values: element (key, dimension).
+            let mut b = Array::<Vector<F, Pair>>::new(b_vectors);
+            #[unroll]
+            for i in 0..b_vectors {
+                let mut pair = Vector::empty();
+                #[unroll]
+                for n in 0..PAIR {
+                    let (key, dim) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::B);
+                    pair[n] = values[key as usize * head_dim + block * 8 + dim as usize];
+                }
+                b[i] = pair;
+            }
+            def.execute_inplace(&a, &b, &mut product);
+            #[unroll]
+            for i in 0..c_vectors {
+                #[unroll]
+                for n in 0..PAIR {
+                    output[block * per_block + i * PAIR + n] = product[i][n];
+                }
+            }
+        }
+    }
+
+    fn store<F: Float>(output: &Array<f32>, sums: &SharedMemory<f32>, row_offsets: &SharedMemory<u32>, out: &mut Tensor<F>, #[comptime] head_dim: usize) {
+        let def = definition::<F>();
+        let (plane_row, lane) = plane_and_lane();
+        let per_block = def.elems_per_lane(MatrixIdent::Accumulator);
+        #[unroll]
+        for block in 0..comptime![head_dim / 8] {
+            #[unroll]
+            for n in 0..per_block {
+                let (row, dim) = def.position_of_nth(lane as u32, n as u32, MatrixIdent::Accumulator);
+                let row = plane_row + row as usize;
+                let offset = row_offsets[row];
+                if offset != NO_ROW {
+                    out[offset as usize + block * 8 + dim as usize] = F::cast_from(output[block * per_block + n] / sums[row]);
+                }
+            }
+        }
+    }
+}

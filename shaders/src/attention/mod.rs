@@ -1,0 +1,254 @@
+//! Multi-item attention: every item token attends to its own request's prefix (the query) and,
+//! causally, to its own item — never to another item.
+//!
+//! Tokens are packed (no padding), items given by CSR offsets. The host cuts the tokens into
+//! tiles of consecutive items that share a prefix (a long item is split over several tiles);
+//! one cube takes one tile and one KV head, so its rows are the tile's tokens × the KV head's
+//! query heads (GQA packing: every staged key serves the whole group). The cube walks the key
+//! tiles its rows may see — the shared prefix once for all of them, then the tile's own items
+//! up to its last token — staging each in shared memory. Keys of items outside the tile, and
+//! own keys after it, are never loaded: masked tiles cost nothing.
+//!
+//! Two kernels walk the tiles that way ([`AttentionKernel`]): [`rows`], one row per unit on
+//! CUDA cores, and [`tiled`], which multiplies 16-row × 16-key tiles as matrices — on tensor
+//! cores on CUDA ([`mma_tile`]), with a register tile elsewhere ([`register_tile`]), where its
+//! tiling, masks and online softmax are tested.
+
+use burn_backend::{DType, Shape, TensorMetadata};
+use burn_cubecl::cubecl::ir::{features::MmaConfig, StorageType};
+use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeRuntime;
+
+use crate::grid::cubes;
+
+mod mma_tile;
+mod register_tile;
+mod rows;
+mod tiled;
+
+pub use mma_tile::MMA_SHAPE;
+
+/// Below any real score, and finite: WGSL cannot spell −∞.
+const NO_SCORE: f32 = -1.0e30;
+
+/// Which kernel runs multi-item attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AttentionKernel {
+    /// One query row per unit on CUDA cores, every backend.
+    #[default]
+    Rows,
+    /// 64-row tiles (4 planes × 16 rows) against 16-key tiles, multiplied as matrices:
+    /// `mma.sync` m16n8k16 on CUDA in bf16/f16 (f32 accumulators), a register tile elsewhere.
+    /// Falls back to [`Self::Rows`] where a tile cannot hold the shape (a GQA group over 64
+    /// query heads, an odd head size).
+    Tiled,
+}
+
+/// How one tiled call multiplies its tiles, picked per call from the device and dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TileMath {
+    Register,
+    Mma,
+}
+
+impl AttentionKernel {
+    /// Rows of one cube: tokens per tile × group.
+    fn rows_per_cube(self) -> usize {
+        match self {
+            AttentionKernel::Rows => rows::ROWS_PER_CUBE,
+            AttentionKernel::Tiled => tiled::ROWS_PER_CUBE,
+        }
+    }
+
+    /// This kernel, or the row kernel where a tile can't hold `group` query heads.
+    fn for_group(self, group: usize) -> Self {
+        match self {
+            AttentionKernel::Tiled if group > tiled::ROWS_PER_CUBE => AttentionKernel::Rows,
+            kernel => kernel,
+        }
+    }
+}
+
+/// Whether `client` multiplies `dtype` tiles on tensor cores (`mma.sync` m16n8k16, f32
+/// accumulators): CUDA on sm_80+, in bf16 or f16.
+pub fn tensor_core_tiles<R: CubeRuntime>(client: &ComputeClient<R>, dtype: DType) -> bool {
+    if !matches!(dtype, DType::BF16 | DType::F16) {
+        return false;
+    }
+    let (m, n, k) = MMA_SHAPE;
+    let operand = StorageType::from(dtype);
+    let config = MmaConfig { a_type: operand, b_type: operand, cd_type: StorageType::from(DType::F32), m, n, k };
+    client.features().matmul.mma.contains(&config)
+}
+
+/// Where one pass's items sit, as the kernel reads it: the tiles (runs of consecutive items that
+/// share a prefix, cut to one cube's rows) and every token's item start, on the device. Built
+/// once per pass and read by every layer.
+pub struct AttentionTiles<R: CubeRuntime> {
+    tiles: CubeTensor<R>,
+    item_starts: CubeTensor<R>,
+    tile_count: usize,
+    tokens_per_tile: usize,
+    tokens: usize,
+    group: usize,
+    kernel: AttentionKernel,
+}
+
+impl<R: CubeRuntime> AttentionTiles<R> {
+    /// - `item_offsets`: item `i` owns tokens `item_offsets[i]..item_offsets[i + 1]`.
+    /// - `item_prefixes`: (first token, length) of item `i`'s prefix in the prefix K/V the
+    ///   attention calls will read; items that share a prefix are adjacent.
+    /// - `group`: query heads per KV head.
+    /// - `kernel`: the kernel the tiles are cut for.
+    pub fn new(client: &ComputeClient<R>, device: &R::Device, item_offsets: &[usize], item_prefixes: &[(usize, usize)], group: usize, kernel: AttentionKernel) -> Self {
+        assert_eq!(item_prefixes.len() + 1, item_offsets.len(), "one prefix per item");
+        let kernel = kernel.for_group(group);
+        let tokens_per_tile = (kernel.rows_per_cube() / group).max(1);
+        let (tiles, item_starts) = tiles(item_offsets, item_prefixes, tokens_per_tile);
+        let tile_count = tiles.len() / 4;
+        let upload = |mut values: Vec<u32>| {
+            // A buffer can't be empty (a pass without tokens launches nothing, but still plans).
+            if values.is_empty() {
+                values.push(0);
+            }
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            CubeTensor::new_contiguous(client.clone(), device.clone(), Shape::new([values.len()]), client.create_from_slice(&bytes), DType::U32)
+        };
+        AttentionTiles { tiles: upload(tiles), item_starts: upload(item_starts), tile_count, tokens_per_tile, tokens: item_offsets.last().copied().unwrap_or(0), group, kernel }
+    }
+}
+
+/// The inputs of one multi-item attention call.
+///
+/// - `queries`: `[tokens, q_heads, head_dim]`; `keys`, `values`: `[tokens, kv_heads, head_dim]`
+///   (the items' own K/V, packed like the queries).
+/// - `prefix_keys`, `prefix_values`: `[kv_heads, prefix_tokens, head_dim]`, the prefixes of
+///   every request of the call one after the other (at least one token; pad an empty one).
+/// - `tiles`: the pass's items and where each finds its prefix in `prefix_keys`/`values`.
+pub struct MultiItemAttention<'a, R: CubeRuntime> {
+    pub queries: CubeTensor<R>,
+    pub keys: CubeTensor<R>,
+    pub values: CubeTensor<R>,
+    pub prefix_keys: CubeTensor<R>,
+    pub prefix_values: CubeTensor<R>,
+    pub tiles: &'a AttentionTiles<R>,
+}
+
+impl<R: CubeRuntime> MultiItemAttention<'_, R> {
+    /// `[tokens, q_heads, head_dim]`, in the queries' dtype.
+    pub fn run(self) -> CubeTensor<R> {
+        let queries = &self.queries;
+        // Contiguous, not the runtime's choice: CUDA pads rows of new tensors to an alignment.
+        let output = empty_device_contiguous_dtype(queries.client.clone(), queries.device.clone(), queries.shape(), queries.dtype);
+        self.run_into(&output);
+        output
+    }
+
+    /// Writes every element of `output` (`[tokens, q_heads, head_dim]`, contiguous).
+    pub fn run_into(self, output: &CubeTensor<R>) {
+        let [tokens, q_heads, head_dim] = self.queries.shape().dims::<3>();
+        let kv_heads = self.keys.shape()[1];
+        let tiles = self.tiles;
+        assert_eq!(q_heads, kv_heads * tiles.group, "query heads must be {} per KV head, as planned", tiles.group);
+        assert_eq!(tiles.tokens, tokens, "the tiles must cover the tokens");
+        assert!(output.is_contiguous(), "the attention output must be contiguous");
+        if tokens == 0 {
+            return;
+        }
+        let client = self.queries.client.clone();
+        let dtype = self.queries.dtype;
+        let tile_math = match tiles.kernel {
+            AttentionKernel::Tiled if head_dim.is_multiple_of(16) && tensor_core_tiles(&client, dtype) => Some(TileMath::Mma),
+            AttentionKernel::Tiled if head_dim.is_multiple_of(2) => Some(TileMath::Register),
+            // The tiles were cut for 64 rows; the row kernel takes any tile it is given.
+            _ => None,
+        };
+        let (queries, keys, values) = (into_contiguous(self.queries), into_contiguous(self.keys), into_contiguous(self.values));
+        let (prefix_keys, prefix_values) = (into_contiguous(self.prefix_keys), into_contiguous(self.prefix_values));
+        let grid = cubes(tiles.tile_count, kv_heads);
+        let scale = (head_dim as f32).powf(-0.5);
+        macro_rules! launch_tiled {
+            ($math:ty) => {
+                tiled::tiled_attention_kernel::launch::<$math, R>(
+                    &client,
+                    grid,
+                    CubeDim::new_1d(tiled::UNITS_PER_CUBE as u32),
+                    queries.into_tensor_arg(),
+                    keys.into_tensor_arg(),
+                    values.into_tensor_arg(),
+                    prefix_keys.into_tensor_arg(),
+                    prefix_values.into_tensor_arg(),
+                    tiles.tiles.clone().into_tensor_arg(),
+                    tiles.item_starts.clone().into_tensor_arg(),
+                    output.clone().into_tensor_arg(),
+                    scale,
+                    head_dim,
+                    tiles.group,
+                    dtype.into(),
+                )
+            };
+        }
+        match tile_math {
+            Some(TileMath::Mma) => launch_tiled!(mma_tile::MmaTile),
+            Some(TileMath::Register) => launch_tiled!(register_tile::RegisterTile),
+            None => rows::row_attention_kernel::launch::<R>(
+                &client,
+                grid,
+                CubeDim::new_1d((tiles.tokens_per_tile * tiles.group) as u32),
+                queries.into_tensor_arg(),
+                keys.into_tensor_arg(),
+                values.into_tensor_arg(),
+                prefix_keys.into_tensor_arg(),
+                prefix_values.into_tensor_arg(),
+                tiles.tiles.clone().into_tensor_arg(),
+                tiles.item_starts.clone().into_tensor_arg(),
+                output.clone().into_tensor_arg(),
+                scale,
+                head_dim,
+                tiles.group,
+                dtype.into(),
+            ),
+        }
+    }
+}
+
+/// Cuts the items into tiles of at most `tokens_per_tile` tokens: whole consecutive items with
+/// the same prefix, or one piece of an item longer than a tile. Returns the tiles as
+/// `[first token, end token, prefix start, prefix length]` each, and every token's item start.
+fn tiles(item_offsets: &[usize], item_prefixes: &[(usize, usize)], tokens_per_tile: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut tiles: Vec<[usize; 4]> = Vec::new();
+    let mut item_starts = Vec::with_capacity(item_offsets.last().copied().unwrap_or(0));
+    for (item, &(prefix_start, prefix_len)) in item_prefixes.iter().enumerate() {
+        let (start, end) = (item_offsets[item], item_offsets[item + 1]);
+        item_starts.extend(std::iter::repeat_n(start as u32, end - start));
+        match tiles.last_mut() {
+            // Joins the open tile: same prefix and room for the whole item.
+            Some(tile) if tile[2..] == [prefix_start, prefix_len] && tile[1] == start && end - tile[0] <= tokens_per_tile => tile[1] = end,
+            _ => tiles.extend((start..end).step_by(tokens_per_tile).map(|first| [first, (first + tokens_per_tile).min(end), prefix_start, prefix_len])),
+        }
+    }
+    (tiles.into_iter().flatten().map(|v| v as u32).collect(), item_starts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tiles;
+
+    #[test]
+    fn tiles_join_small_items_of_one_prefix_and_split_long_ones() {
+        // Items of 3, 2 and 7 tokens on prefix (0, 10), then 1 token on prefix (10, 4); 5 tokens per tile.
+        let (tiles, starts) = tiles(&[0, 3, 5, 12, 13], &[(0, 10), (0, 10), (0, 10), (10, 4)], 5);
+        let tiles: Vec<&[u32]> = tiles.chunks(4).collect();
+        assert_eq!(tiles, [&[0, 5, 0, 10][..], &[5, 10, 0, 10], &[10, 12, 0, 10], &[12, 13, 10, 4]]);
+        assert_eq!(starts, [0, 0, 0, 3, 3, 5, 5, 5, 5, 5, 5, 5, 12]);
+    }
+
+    #[test]
+    fn tiles_never_mix_prefixes() {
+        let (tiles, _) = tiles(&[0, 1, 2], &[(0, 3), (3, 3)], 8);
+        assert_eq!(tiles, [0, 1, 0, 3, 1, 2, 3, 3]);
+    }
+}

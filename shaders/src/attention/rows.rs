@@ -1,0 +1,164 @@
+//! The row kernel: each unit owns one (token, query head) row and keeps its running max, sum
+//! and output in registers (online softmax), on CUDA cores. Every backend runs it; it is the
+//! default while the tiled kernel is measured (`--attention kernel`).
+
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+
+use super::NO_SCORE;
+use crate::grid::cube_index;
+
+/// Keys staged in shared memory per step. K and V take 2 · 16 · head_dim · 4 B: 16 KiB at
+/// head_dim 128, WebGPU's default workgroup-storage limit, so it fits every adapter.
+const KEY_TILE: usize = 16;
+
+/// Units per cube: `tokens per tile × group` rows.
+pub(super) const ROWS_PER_CUBE: usize = 128;
+
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn row_attention_kernel<F: Float>(
+    queries: &Tensor<F>,
+    keys: &Tensor<F>,
+    values: &Tensor<F>,
+    prefix_keys: &Tensor<F>,
+    prefix_values: &Tensor<F>,
+    tiles: &Tensor<u32>,
+    item_starts: &Tensor<u32>,
+    output: &mut Tensor<F>,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] group: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let tile = cube_index();
+    // Uniform over the cube: the grid's last row may run past the tiles.
+    if tile * 4 >= tiles.len() {
+        terminate!();
+    }
+    let kv_head = CUBE_POS_Z as usize;
+    let tile_start = tiles[tile * 4] as usize;
+    let tile_end = tiles[tile * 4 + 1] as usize;
+    let prefix_start = tiles[tile * 4 + 2] as usize;
+    let prefix_len = tiles[tile * 4 + 3] as usize;
+    let prefix_tokens = prefix_keys.shape(1);
+    let kv_heads = keys.shape(1);
+    let q_heads = kv_heads * group;
+
+    let unit = UNIT_POS_X as usize;
+    let token = tile_start + unit / group;
+    let q_head = kv_head * group + unit % group;
+    let active = token < tile_end;
+    // Own keys run from the tile's first item start (earlier for a piece of a long item) to
+    // the tile's end; a row sees those from its own item's start up to itself.
+    let own_start = item_starts[tile_start] as usize;
+    let mut row_item_start = own_start;
+    if active {
+        row_item_start = item_starts[token] as usize;
+    }
+
+    let mut query = Array::<f32>::new(head_dim);
+    let mut acc = Array::<f32>::new(head_dim);
+    let row = (token * q_heads + q_head) * head_dim;
+    #[unroll]
+    for e in 0..head_dim {
+        acc[e] = 0.0;
+        query[e] = 0.0;
+        if active {
+            query[e] = f32::cast_from(queries[row + e]) * scale;
+        }
+    }
+    let mut running_max = f32::new(NO_SCORE);
+    let mut running_sum = f32::new(0.0);
+
+    let mut tile_keys = SharedMemory::<f32>::new(KEY_TILE * head_dim);
+    let mut tile_values = SharedMemory::<f32>::new(KEY_TILE * head_dim);
+    let prefix_tiles = prefix_len.div_ceil(KEY_TILE);
+    let own_len = tile_end - own_start;
+    let own_tiles = own_len.div_ceil(KEY_TILE);
+
+    for step in 0..prefix_tiles + own_tiles {
+        let in_prefix = step < prefix_tiles;
+        let mut first = step * KEY_TILE;
+        let mut available = prefix_len;
+        if !in_prefix {
+            first = (step - prefix_tiles) * KEY_TILE;
+            available = own_len;
+        }
+        let mut count = available - first;
+        if count > KEY_TILE {
+            count = KEY_TILE;
+        }
+
+        // Stage `count` keys and values, all units together.
+        let mut index = unit;
+        while index < count * head_dim {
+            let key = first + index / head_dim;
+            let e = index % head_dim;
+            if in_prefix {
+                let source = (kv_head * prefix_tokens + prefix_start + key) * head_dim + e;
+                tile_keys[index] = f32::cast_from(prefix_keys[source]);
+                tile_values[index] = f32::cast_from(prefix_values[source]);
+            } else {
+                let source = ((own_start + key) * kv_heads + kv_head) * head_dim + e;
+                tile_keys[index] = f32::cast_from(keys[source]);
+                tile_values[index] = f32::cast_from(values[source]);
+            }
+            index += CUBE_DIM_X as usize;
+        }
+        sync_cube();
+
+        if active {
+            // Visible keys of this step: `from..to`, all of a prefix step, and of an own step
+            // those in `row_item_start..=token`.
+            let mut from = 0;
+            let mut to = count;
+            if !in_prefix {
+                let step_start = own_start + first;
+                if row_item_start > step_start {
+                    from = row_item_start - step_start;
+                }
+                to = 0;
+                if token >= step_start {
+                    to = token - step_start + 1;
+                    if to > count {
+                        to = count;
+                    }
+                }
+            }
+            for j in from..to {
+                let base = j * head_dim;
+                let mut score = f32::new(0.0);
+                #[unroll]
+                for e in 0..head_dim {
+                    score += query[e] * tile_keys[base + e];
+                }
+                // Online softmax: rescale only when the running max moves.
+                if score > running_max {
+                    let correction = f32::exp(running_max - score);
+                    running_sum *= correction;
+                    #[unroll]
+                    for e in 0..head_dim {
+                        acc[e] *= correction;
+                    }
+                    running_max = score;
+                }
+                let weight = f32::exp(score - running_max);
+                running_sum += weight;
+                #[unroll]
+                for e in 0..head_dim {
+                    acc[e] += weight * tile_values[base + e];
+                }
+            }
+        }
+        sync_cube();
+    }
+
+    if active {
+        #[unroll]
+        for e in 0..head_dim {
+            output[row + e] = F::cast_from(acc[e] / running_sum);
+        }
+    }
+}
+

@@ -1,0 +1,233 @@
+//! The tiled kernel: a cube of 4 planes × 32 units takes 64 rows (one tile's tokens × the KV
+//! head's query heads), each plane 16 of them, and walks the key tiles 16 keys at a time
+//! (FlashAttention-2's loop, FlashInfer's multi-item windows). Per key tile:
+//!
+//! 1. the cube stages the tile's keys and values in shared memory (zeros past the last key);
+//! 2. each plane multiplies its 16 query rows by the 16 keys ([`TileMath::scores`]) into a
+//!    shared score tile;
+//! 3. one unit per row masks its scores (all of a prefix tile; of an own tile, its own item's
+//!    keys up to itself), moves its running max and sum and turns the scores into weights;
+//! 4. each plane rescales its output rows and adds weights × values
+//!    ([`TileMath::accumulate`]).
+//!
+//! The output stays in the units' registers until the end; no score matrix reaches memory.
+//! [`TileMath`] is the seam between this loop and the hardware: tensor cores on CUDA
+//! ([`super::mma_tile`]), plain registers elsewhere ([`super::register_tile`]).
+
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+
+use super::NO_SCORE;
+use crate::grid::cube_index;
+
+/// Query rows per plane: the `m` of one tensor-core multiply.
+pub(super) const ROWS_PER_PLANE: usize = 16;
+/// Planes per cube.
+pub(super) const PLANES: usize = 4;
+/// Units per plane: a CUDA warp.
+pub(super) const LANES: usize = 32;
+pub(super) const ROWS_PER_CUBE: usize = PLANES * ROWS_PER_PLANE;
+pub(super) const UNITS_PER_CUBE: usize = PLANES * LANES;
+/// Keys per step: one `k` of the weights × values multiply (16), two `n` of the scores one (8).
+pub(super) const KEYS: usize = 16;
+/// The row offset of a row without a token (the tile's last tokens × group may not fill 64).
+pub(super) const NO_ROW: u32 = u32::MAX;
+
+/// What a plane does with its 16 rows, in the units' registers. Every method is called by
+/// every unit of the cube (the unit's plane and lane come from `UNIT_POS_X`).
+#[cube]
+pub(super) trait TileMath: 'static + Send + Sync {
+    /// This unit's share of its plane's query rows (`row_offsets`: where each of the cube's
+    /// rows starts in `queries`, [`NO_ROW`] for none): what [`Self::scores`] reads.
+    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> Array<f32>;
+
+    /// This unit's share of its plane's output rows, zero.
+    fn new_output<F: Float>(#[comptime] head_dim: usize) -> Array<f32>;
+
+    /// Writes `scale · query · key` for the plane's rows and the [`KEYS`] staged keys
+    /// (`[KEYS, head_dim]`) into `scores` (`[ROWS_PER_CUBE, KEYS]`).
+    fn scores<F: Float>(query: &Array<f32>, keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize);
+
+    /// `output = output · correction[row] + weights · values` for the plane's rows
+    /// (`weights`: `[ROWS_PER_CUBE, KEYS]`, `values`: `[KEYS, head_dim]`).
+    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &SharedMemory<f32>, corrections: &SharedMemory<f32>, values: &SharedMemory<F>, #[comptime] head_dim: usize);
+
+    /// Writes `output / sums[row]` of the plane's rows that have a token.
+    fn store<F: Float>(output: &Array<f32>, sums: &SharedMemory<f32>, row_offsets: &SharedMemory<u32>, out: &mut Tensor<F>, #[comptime] head_dim: usize);
+}
+
+/// The first of this unit's plane's rows in the cube, and the unit's lane in its plane.
+#[cube]
+pub(super) fn plane_and_lane() -> (usize, usize) {
+    let unit = UNIT_POS_X as usize;
+    ((unit / LANES) * ROWS_PER_PLANE, unit % LANES)
+}
+
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
+    queries: &Tensor<F>,
+    keys: &Tensor<F>,
+    values: &Tensor<F>,
+    prefix_keys: &Tensor<F>,
+    prefix_values: &Tensor<F>,
+    tiles: &Tensor<u32>,
+    item_starts: &Tensor<u32>,
+    output: &mut Tensor<F>,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] group: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let tile = cube_index();
+    // Uniform over the cube: the grid's last row may run past the tiles.
+    if tile * 4 >= tiles.len() {
+        terminate!();
+    }
+    let kv_head = CUBE_POS_Z as usize;
+    let tile_start = tiles[tile * 4] as usize;
+    let tile_end = tiles[tile * 4 + 1] as usize;
+    let prefix_start = tiles[tile * 4 + 2] as usize;
+    let prefix_len = tiles[tile * 4 + 3] as usize;
+    let prefix_tokens = prefix_keys.shape(1);
+    let kv_heads = keys.shape(1);
+    let q_heads = kv_heads * group;
+    let unit = UNIT_POS_X as usize;
+    // Own keys run from the tile's first item start (earlier for a piece of a long item) to
+    // the tile's end; a row sees those from its own item's start up to itself.
+    let own_start = item_starts[tile_start] as usize;
+
+    // One unit per row: where the row reads and writes, what it may see, its running state.
+    let mut row_offsets = SharedMemory::<u32>::new(ROWS_PER_CUBE);
+    let mut row_tokens = SharedMemory::<u32>::new(ROWS_PER_CUBE);
+    let mut row_item_starts = SharedMemory::<u32>::new(ROWS_PER_CUBE);
+    let mut maxima = SharedMemory::<f32>::new(ROWS_PER_CUBE);
+    let mut sums = SharedMemory::<f32>::new(ROWS_PER_CUBE);
+    let mut corrections = SharedMemory::<f32>::new(ROWS_PER_CUBE);
+    if unit < ROWS_PER_CUBE {
+        let token = tile_start + unit / group;
+        let q_head = kv_head * group + unit % group;
+        row_offsets[unit] = NO_ROW;
+        // A row without a token sees no own key: its item "starts" past every key.
+        row_tokens[unit] = own_start as u32;
+        row_item_starts[unit] = tile_end as u32;
+        if token < tile_end {
+            row_offsets[unit] = ((token * q_heads + q_head) * head_dim) as u32;
+            row_tokens[unit] = token as u32;
+            row_item_starts[unit] = item_starts[token];
+        }
+        maxima[unit] = f32::new(NO_SCORE);
+        sums[unit] = f32::new(0.0);
+    }
+    sync_cube();
+
+    let query = T::load_query::<F>(queries, &row_offsets, head_dim);
+    let mut accumulated = T::new_output::<F>(head_dim);
+    let mut tile_keys = SharedMemory::<F>::new(KEYS * head_dim);
+    let mut tile_values = SharedMemory::<F>::new(KEYS * head_dim);
+    let mut scores = SharedMemory::<f32>::new(ROWS_PER_CUBE * KEYS);
+
+    let prefix_steps = prefix_len.div_ceil(KEYS);
+    let own_len = tile_end - own_start;
+    let own_steps = own_len.div_ceil(KEYS);
+    for step in 0..prefix_steps + own_steps {
+        let in_prefix = step < prefix_steps;
+        let mut first = step * KEYS;
+        let mut available = prefix_len;
+        if !in_prefix {
+            first = (step - prefix_steps) * KEYS;
+            available = own_len;
+        }
+        let mut count = available - first;
+        if count > KEYS {
+            count = KEYS;
+        }
+
+        // 1. Stage the step's keys and values; zeros past `count`, which the multiplies read
+        //    (a weight of 0 times a stale NaN would still be NaN).
+        let mut index = unit;
+        while index < KEYS * head_dim {
+            let key = index / head_dim;
+            let e = index % head_dim;
+            let mut k = F::new(0.0);
+            let mut v = F::new(0.0);
+            if key < count {
+                let mut source = ((own_start + first + key) * kv_heads + kv_head) * head_dim + e;
+                if in_prefix {
+                    source = (kv_head * prefix_tokens + prefix_start + first + key) * head_dim + e;
+                    k = prefix_keys[source];
+                    v = prefix_values[source];
+                } else {
+                    k = keys[source];
+                    v = values[source];
+                }
+            }
+            tile_keys[index] = k;
+            tile_values[index] = v;
+            index += UNITS_PER_CUBE;
+        }
+        sync_cube();
+
+        // 2. Scores of every row against the step's keys.
+        T::scores::<F>(&query, &tile_keys, &mut scores, scale, head_dim);
+        sync_cube();
+
+        // 3. Masks and online softmax, one unit per row: visible keys are `from..to`, all
+        //    staged keys of a prefix step, and of an own step those in `item start..=token`.
+        if unit < ROWS_PER_CUBE {
+            let mut from = 0;
+            let mut to = count;
+            if !in_prefix {
+                let step_start = own_start + first;
+                let token = row_tokens[unit] as usize;
+                let item_start = row_item_starts[unit] as usize;
+                from = 0;
+                if item_start > step_start {
+                    from = item_start - step_start;
+                }
+                to = 0;
+                if token >= step_start {
+                    to = token - step_start + 1;
+                    if to > count {
+                        to = count;
+                    }
+                }
+            }
+            let base = unit * KEYS;
+            let mut step_max = f32::new(NO_SCORE);
+            #[unroll]
+            for j in 0..KEYS {
+                if j >= from && j < to && scores[base + j] > step_max {
+                    step_max = scores[base + j];
+                }
+            }
+            let previous = maxima[unit];
+            let mut running_max = previous;
+            if step_max > previous {
+                running_max = step_max;
+            }
+            // exp(0) = 1 while the row has seen nothing; 0-weighted history once it does.
+            let correction = f32::exp(previous - running_max);
+            let mut sum = sums[unit] * correction;
+            #[unroll]
+            for j in 0..KEYS {
+                let mut weight = f32::new(0.0);
+                if j >= from && j < to {
+                    weight = f32::exp(scores[base + j] - running_max);
+                }
+                scores[base + j] = weight;
+                sum += weight;
+            }
+            maxima[unit] = running_max;
+            sums[unit] = sum;
+            corrections[unit] = correction;
+        }
+        sync_cube();
+
+        // 4. Rescale and add weights × values.
+        T::accumulate::<F>(&mut accumulated, &scores, &corrections, &tile_values, head_dim);
+        sync_cube();
+    }
+
+    T::store::<F>(&accumulated, &sums, &row_offsets, output, head_dim);
+}
