@@ -118,6 +118,73 @@ fn attention_through_the_fusion_backend_matches() {
     }
 }
 
+/// Residual add + RMSNorm against float64 on the host, with and without the add, at row widths
+/// just under, at and past the kernel's unit counts (a power of two up to 256 units a row), a
+/// 3-D input (the q/k norms' `[tokens, heads, head_dim]`) and bfloat16-sized values.
+#[test]
+fn add_rms_norm_matches_float64() {
+    if !gpu::gpu_or_skip("add_rms_norm_matches_float64") {
+        return;
+    }
+    let eps = 1e-6;
+    for (seed, &(rows, width)) in [(1, 1), (3, 15), (5, 16), (2, 17), (7, 255), (4, 256), (3, 257), (9, 576), (2, 1024), (3, 4097), (600, 64)].iter().enumerate() {
+        let seed = 300 + seed as u64;
+        let (x, delta, gain) = (random(seed, rows * width, 3.0), random(seed + 1, rows * width, 3.0), random(seed + 2, width, 1.5));
+        let mut expected_sum = vec![0f32; rows * width];
+        let mut expected_normed = vec![0f32; rows * width];
+        let mut expected_plain = vec![0f32; rows * width];
+        for row in 0..rows {
+            let range = row * width..(row + 1) * width;
+            let sum: Vec<f64> = range.clone().map(|i| x[i] as f64 + delta[i] as f64).collect();
+            let rms = |values: &[f64]| (values.iter().map(|v| v * v).sum::<f64>() / width as f64 + eps).sqrt();
+            let plain: Vec<f64> = range.clone().map(|i| x[i] as f64).collect();
+            let (rms_sum, rms_plain) = (rms(&sum), rms(&plain));
+            for (j, i) in range.enumerate() {
+                expected_sum[i] = sum[j] as f32;
+                expected_normed[i] = (sum[j] / rms_sum * gain[j] as f64) as f32;
+                expected_plain[i] = (plain[j] / rms_plain * gain[j] as f64) as f32;
+            }
+        }
+        let what = format!("{rows} rows of {width}");
+        let gain_tensor = cube(tensor::<Gpu, 1>(&gain, [width]));
+        let (sum, normed) = tally_shaders::add_rms_norm(cube(tensor::<Gpu, 2>(&x, [rows, width])), Some(cube(tensor::<Gpu, 2>(&delta, [rows, width]))), gain_tensor.clone(), eps);
+        let host_of = |t| host(Tensor::<Gpu, 2>::from_primitive(TensorPrimitive::Float(t)));
+        assert_close(&host_of(sum), &expected_sum, 1e-6, &format!("sum, {what}"));
+        assert_close(&host_of(normed), &expected_normed, 1e-5, &format!("add + norm, {what}"));
+        let (_, normed) = tally_shaders::add_rms_norm(cube(tensor::<Gpu, 2>(&x, [rows, width])), None, gain_tensor, eps);
+        assert_close(&host_of(normed), &expected_plain, 1e-5, &format!("norm alone, {what}"));
+    }
+    // The q/k norms: rows are (token, head) pairs of a 3-D tensor.
+    let (tokens, heads, head_dim) = (37, 3, 64);
+    let x = random(320, tokens * heads * head_dim, 2.0);
+    let gain = random(321, head_dim, 1.0);
+    let expected = tally_model::elementwise::rms_norm(tensor::<Reference, 3>(&x, [tokens, heads, head_dim]), &tensor(&gain, [head_dim]), eps);
+    let (_, normed) = tally_shaders::add_rms_norm(cube(tensor::<Gpu, 3>(&x, [tokens, heads, head_dim])), None, cube(tensor::<Gpu, 1>(&gain, [head_dim])), eps);
+    assert_close(&host(Tensor::<Gpu, 3>::from_primitive(TensorPrimitive::Float(normed))), &host(expected), 1e-5, "q/k norm shape");
+}
+
+/// `silu(gate) · up` from the fused projection against float64 on the host, with element counts
+/// just under, at and past the kernel's 256 units a cube, and across rows.
+#[test]
+fn silu_mul_matches_float64() {
+    if !gpu::gpu_or_skip("silu_mul_matches_float64") {
+        return;
+    }
+    for (seed, &(rows, intermediate)) in [(1, 1), (1, 255), (1, 256), (1, 257), (3, 85), (7, 1536), (300, 17)].iter().enumerate() {
+        let gate_up = random(400 + seed as u64, rows * 2 * intermediate, 6.0);
+        let expected: Vec<f32> = (0..rows * intermediate)
+            .map(|i| {
+                let (row, column) = (i / intermediate, i % intermediate);
+                let gate = gate_up[row * 2 * intermediate + column] as f64;
+                let up = gate_up[row * 2 * intermediate + intermediate + column] as f64;
+                (gate / (1.0 + (-gate).exp()) * up) as f32
+            })
+            .collect();
+        let output = tally_shaders::silu_mul(cube(tensor::<Gpu, 2>(&gate_up, [rows, 2 * intermediate])));
+        assert_close(&host(Tensor::<Gpu, 2>::from_primitive(TensorPrimitive::Float(output))), &expected, 1e-5, &format!("{rows} rows of {intermediate}"));
+    }
+}
+
 /// Label log-probabilities over a vocabulary of three chunks (the last one partial), labels in
 /// the first, middle and last chunk and on a chunk edge; rows with different label counts.
 #[test]
@@ -324,4 +391,66 @@ fn matmuls_with_an_odd_multiple_of_8_inside_are_right() {
         return;
     }
     check_matmuls(&[([2, 8, 600, 32], false), ([2, 2, 1000, 16], false), ([3, 13, 200, 24], false), ([1, 4, 24, 1000], true), ([2, 16, 40, 64], true)], false);
+}
+
+#[cfg(feature = "cuda")]
+mod mma_fragments {
+    use burn_cubecl::cubecl;
+    use burn_cubecl::cubecl::cmma::MmaDefinition;
+    use burn_cubecl::cubecl::ir::MatrixIdent;
+    use burn_cubecl::cubecl::prelude::*;
+
+    /// Per lane: A's 8 elements, B's 4 and C's 4, each as (row, column): 32 values.
+    #[cube(launch)]
+    pub fn fragment_positions(out: &mut Tensor<u32>) {
+        let def = MmaDefinition::<half::bf16, half::bf16, f32>::new(16usize, 8usize, 16usize);
+        let lane = UNIT_POS_X;
+        let base = (lane * 32) as usize;
+        #[unroll]
+        for n in 0..8u32 {
+            let (row, col) = def.position_of_nth(lane, n, MatrixIdent::A);
+            out[base + (n * 2) as usize] = row;
+            out[base + (n * 2 + 1) as usize] = col;
+        }
+        #[unroll]
+        for n in 0..4u32 {
+            let (row, col) = def.position_of_nth(lane, n, MatrixIdent::B);
+            out[base + (16 + n * 2) as usize] = row;
+            out[base + (16 + n * 2 + 1) as usize] = col;
+            let (row, col) = def.position_of_nth(lane, n, MatrixIdent::Accumulator);
+            out[base + (24 + n * 2) as usize] = row;
+            out[base + (24 + n * 2 + 1) as usize] = col;
+        }
+    }
+}
+
+/// Where CubeCL puts each lane's elements of an `mma.sync` m16n8k16 bf16 fragment
+/// (`position_of_nth`, which the tiled kernel's tensor-core tile fills and reads by) is PTX's
+/// documented layout ("Matrix Fragments for mma.m16n8k16", PTX ISA): lane `l` holds, with
+/// `g = l / 4` and `t = l % 4`, A's rows g and g + 8 at columns 2t, 2t + 1 and those + 8, B's
+/// rows (k) 2t, 2t + 1 and those + 8 at column g, and C's rows g and g + 8 at columns 2t, 2t + 1.
+#[cfg(feature = "cuda")]
+#[test]
+fn mma_fragment_layout_is_ptxs() {
+    use burn::tensor::{Int, TensorData};
+    use burn_cubecl::cubecl::prelude::{CubeCount, CubeDim, Runtime};
+
+    let device = Default::default();
+    let out: Tensor<Gpu, 1, Int> = tensor::<Gpu, 1>(&vec![0.0; 32 * 32], [32 * 32]).int().cast(burn::tensor::DType::U32);
+    mma_fragments::fragment_positions::launch::<GpuRuntime>(&GpuRuntime::client(&device), CubeCount::Static(1, 1, 1), CubeDim::new_1d(32), out.clone().into_primitive().into_tensor_arg());
+    let got: Vec<u32> = out.into_data().convert::<u32>().to_vec().unwrap();
+    let mut expected = Vec::new();
+    for lane in 0..32u32 {
+        let (g, t) = (lane / 4, lane % 4);
+        for n in 0..8u32 {
+            expected.extend([g + 8 * ((n / 2) % 2), 2 * t + n % 2 + 8 * (n / 4)]);
+        }
+        for n in 0..4u32 {
+            expected.extend([2 * t + n % 2 + 8 * (n / 2), g]);
+        }
+        for n in 0..4u32 {
+            expected.extend([g + 8 * (n / 2), 2 * t + n % 2]);
+        }
+    }
+    assert_eq!(TensorData::new(got, [32, 32]), TensorData::new(expected, [32, 32]), "fragment positions per lane (A, then B, then C, as row, column)");
 }

@@ -13,15 +13,17 @@ use std::path::{Path, PathBuf};
 
 use burn::backend::NdArray;
 use burn_cubecl::CubeBackend;
-use tally_model::{DecoderModel, HotPaths, ItemGroup, LabelTable, ModelFiles, ScoringBackend};
+use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, HotPaths, ItemGroup, LabelTable, ModelFiles, ScoringBackend};
 
-/// Label log-probabilities of three items after two queries prefilled together (a short one,
+/// Label log-probabilities (on the routes given where the hot paths are the backend's) of three items after two queries prefilled together (a short one,
 /// and one of two chunks), two items on the first, one on the second, `[items][labels]`.
-fn label_logprobs<B: ScoringBackend>(model_dir: &Path, hot_paths: HotPaths) -> Vec<f32> {
+fn label_logprobs<B: ScoringBackend>(model_dir: &Path, hot_paths: HotPaths, (attention, elementwise): (AttentionRoute, ElementwiseRoute)) -> Vec<f32> {
     let opened = ModelFiles::locate(model_dir).and_then(|files| files.open()).expect("fixture model opens");
     let device = B::Device::default();
     let mut model = DecoderModel::<B>::load(opened.config.clone(), opened.weights.as_ref(), &device, &mut |_, _| {}).expect("fixture model loads");
     model.set_hot_paths(hot_paths);
+    model.set_attention_route(attention);
+    model.set_elementwise_route(elementwise);
     let vocab = opened.config.vocab_size as u32;
     let token = |i: u32| (i * 37 + 11) % vocab;
     let queries: [Vec<u32>; 2] = [(0..23).map(token).collect(), (500..1030).map(token).collect()];
@@ -49,9 +51,13 @@ fn check<B: ScoringBackend>(backend: &str) {
     assert!(dirs.len() >= 6, "fixture models are missing");
     for dir in dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let expected = label_logprobs::<NdArray<f32>>(&dir, HotPaths::Plain);
-        for hot_paths in [HotPaths::Backend, HotPaths::Plain] {
-            assert_close(&label_logprobs::<B>(&dir, hot_paths), &expected, &format!("{name} on {backend}, {hot_paths:?}"));
+        let plain = (AttentionRoute::Cascade, ElementwiseRoute::Burn);
+        let expected = label_logprobs::<NdArray<f32>>(&dir, HotPaths::Plain, plain);
+        // The backend's kernels: the row attention kernel with Burn's elementwise ops, the tiled
+        // one with the fused elementwise kernels; then plain Burn ops.
+        let runs = [(HotPaths::Backend, (AttentionRoute::Kernel, ElementwiseRoute::Burn)), (HotPaths::Backend, (AttentionRoute::Tiled, ElementwiseRoute::Kernels)), (HotPaths::Plain, plain)];
+        for (hot_paths, routes) in runs {
+            assert_close(&label_logprobs::<B>(&dir, hot_paths, routes), &expected, &format!("{name} on {backend}, {hot_paths:?}, {routes:?}"));
         }
     }
 }

@@ -26,12 +26,12 @@ FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 class Server:
     """`tally serve` for one model on a free port, stopped on exit."""
 
-    def __init__(self, tally, model, backend, dtype, attention, matmul):
+    def __init__(self, tally, model, backend, dtype, attention, matmul, elementwise):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         # No warm-up: each fixture model would tune its own shapes; the load stage's server warms up.
-        args = [tally, "serve", "--model", str(FIXTURES / "models" / model), "--port", str(self.port), "--backend", backend, "--dtype", dtype, "--attention", attention, "--matmul", matmul, "--no-warmup"]
+        args = [tally, "serve", "--model", str(FIXTURES / "models" / model), "--port", str(self.port), "--backend", backend, "--dtype", dtype, "--attention", attention, "--matmul", matmul, "--elementwise", elementwise, "--no-warmup"]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -66,7 +66,8 @@ def main():
     parser.add_argument("tally")
     parser.add_argument("--backend", default="cuda")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--attention", default="kernel", choices=["kernel", "cascade"])
+    parser.add_argument("--attention", default="kernel", choices=["kernel", "tiled", "cascade"])
+    parser.add_argument("--elementwise", default="burn", choices=["burn", "kernels"])
     parser.add_argument("--matmul", default="cubecl", choices=["cubecl", "cublas"])
     parser.add_argument("--tolerance", type=float, default=1e-3)
     parser.add_argument("--packed-tolerance", type=float, default=None, help="packed vs per-item (default: the tolerance / 10)")
@@ -79,7 +80,7 @@ def main():
     cases = [(path.stem, json.loads(path.read_text())) for path in sorted((FIXTURES / "cases").glob("*.json")) if args.cases in path.stem]
     for model, group in itertools.groupby(sorted(cases, key=lambda c: c[1]["model"]), key=lambda c: c[1]["model"]):
         try:
-            server = Server(args.tally, model, args.backend, args.dtype, args.attention, args.matmul)
+            server = Server(args.tally, model, args.backend, args.dtype, args.attention, args.matmul, args.elementwise)
         except RuntimeError as error:
             server, start_error = None, str(error)
         for name, case in group:
@@ -100,11 +101,11 @@ def main():
             failed += not row["ok"]
             results.append(row)
             detail = row.get("error") or f"reference {row['reference_rel_error']:.2e}  packed/single {row['packed_vs_single_rel_error']:.2e}"
-            print(f"{'ok  ' if row['ok'] else 'FAIL'} {args.backend}/{args.dtype}/{args.attention}/{args.matmul} {name:40} {detail}", flush=True)
+            print(f"{'ok  ' if row['ok'] else 'FAIL'} {args.backend}/{args.dtype}/{args.attention}/{args.matmul}/{args.elementwise} {name:40} {detail}", flush=True)
         if server is not None:
             server.stop()
 
-    report = {"backend": args.backend, "dtype": args.dtype, "attention": args.attention, "matmul": args.matmul, "tolerance": args.tolerance, "packed_tolerance": packed_tolerance, "cases": results, "failed": failed}
+    report = {"backend": args.backend, "dtype": args.dtype, "attention": args.attention, "matmul": args.matmul, "elementwise": args.elementwise, "tolerance": args.tolerance, "packed_tolerance": packed_tolerance, "cases": results, "failed": failed}
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"{args.backend}/{args.dtype}: {len(results) - failed}/{len(results)} cases within {args.tolerance:g} of float64 (packed == single within {packed_tolerance:g})")

@@ -7,7 +7,7 @@
 #
 # Stages (TALLY_SUITE_STAGES, default all; the headline numbers first): env scenario profile peers
 # attention fixtures kernels coldstart load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_MATMULS (cubecl cublas),
-# TALLY_SUITE_ATTENTIONS (kernel cascade), TALLY_SUITE_SCENARIOS (s1 s2), TALLY_SUITE_CASES and
+# TALLY_SUITE_ATTENTIONS (tiled kernel cascade; the first is the one profiled and split), TALLY_SUITE_SCENARIOS (s1 s2), TALLY_SUITE_CASES and
 # TALLY_SUITE_PEER_SCENARIOS narrow them.
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
 set -uo pipefail
@@ -21,7 +21,7 @@ out=/tmp/tally-suite/results
 [ "${TALLY_SUITE_KEEP:-0}" = 1 ] || rm -rf "$out"
 mkdir -p "$OUT" "$out"
 stages=${TALLY_SUITE_STAGES:-env scenario profile peers attention fixtures kernels coldstart load wgpu chart}
-attentions=${TALLY_SUITE_ATTENTIONS:-kernel cascade}
+attentions=${TALLY_SUITE_ATTENTIONS:-tiled kernel cascade}
 scenarios=${TALLY_SUITE_SCENARIOS:-s1 s2}
 dry=${TALLY_SUITE_DRY_RUN:-0}
 bin=/tmp/tally-suite
@@ -83,6 +83,9 @@ fixtures_stage() {
                     --cases "${TALLY_SUITE_CASES:-}" --out "$out/fixtures-$gpu-$dtype-$attention-$matmul.json" || ok=1
             done
         done
+        # tally's fused elementwise kernels, on the first attention route and matmul.
+        CUBECL_AUTOTUNE_LEVEL=minimal python3 benches/gpu/check_fixtures.py "$cuda" --backend $gpu --dtype $dtype --attention ${attentions%% *} --matmul ${matmuls%% *} \
+            --elementwise kernels $tol --cases "${TALLY_SUITE_CASES:-}" --out "$out/fixtures-$gpu-$dtype-${attentions%% *}-${matmuls%% *}-elementwise-kernels.json" || ok=1
     done
     return $ok
 }
@@ -99,8 +102,9 @@ model=/tmp/tally-suite/model-$preset
 make_model() { [ -f $model/config.json ] || "$cuda" make-model --preset $preset --out $model >/dev/null; }
 
 # Every route combination (matmul × attention) on each scenario (on CUDA the pass budget comes from
-# the device's free memory: S1's 10,020 item tokens are one pass), then S1 split into passes of
-# the old fixed budget (8,192 tokens: two passes) for each matmul route, to see what one pass buys.
+# the device's free memory: S1's 10,020 item tokens are one pass), then for each matmul route S1
+# split into passes of the old fixed budget (8,192 tokens: two passes), to see what one pass buys,
+# and S1 with tally's fused elementwise kernels in place of Burn's fused ops.
 scenario_stage() {
     make_model || return 1
     local ok=0 first_attention=${attentions%% *}
@@ -117,6 +121,9 @@ scenario_stage() {
             "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention --matmul $matmul --max-batch-tokens $split_tokens \
                 --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-$split_tokens-tokens.json" || ok=1
+            "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+                --attention $first_attention --matmul $matmul --elementwise kernels \
+                --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-elementwise-kernels.json" || ok=1
         done
     done
     return $ok

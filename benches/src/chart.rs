@@ -88,7 +88,9 @@ impl Results {
             Some("scenario") => {
                 let timing = if result["warm_median"].is_object() { &result["warm_median"] } else { &result["cold"] };
                 if let Some(rate) = timing["items_per_second"].as_f64() {
-                    let label = format!("tally {} {} {}{}", text("backend"), short_dtype(&text("dtype")), text("attention"), if text("matmul") == "cublas" { " cublas" } else { "" });
+                    let cublas = if text("matmul") == "cublas" { " cublas" } else { "" };
+                    let elementwise = if text("elementwise") == "kernels" { " ew-kernels" } else { "" };
+                    let label = format!("tally {} {} {}{cublas}{elementwise}", text("backend"), short_dtype(&text("dtype")), text("attention"));
                     self.bars.push(Bar { scenario: text("scenario"), label: label.trim_end().to_owned(), items_per_second: rate, peer: false });
                 }
             }

@@ -26,8 +26,10 @@ pub struct RunsOn {
     pub backend: String,
     /// `float32` or `bfloat16`.
     pub dtype: String,
-    /// The attention route: `kernel` or `cascade`.
+    /// The attention route: `kernel`, `tiled` or `cascade`.
     pub attention: String,
+    /// The elementwise route: `burn` or `kernels`.
+    pub elementwise: String,
     /// Which library multiplies: `cubecl` or `cublas`.
     pub matmul: String,
     /// The GPU's name, or the CPU's with its thread count.

@@ -81,13 +81,14 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
     warm.sort_by(f64::total_cmp);
     let warm_median = warm.get(warm.len() / 2).copied();
     println!(
-        "scenario {:?}: {} items/request × {item_tokens} tokens, query {} tokens ({static_tokens} static) | backend {} | {} attention, {} matmuls | {}",
+        "scenario {:?}: {} items/request × {item_tokens} tokens, query {} tokens ({static_tokens} static) | backend {} | {} attention, {} matmuls, {} elementwise | {}",
         args.scenario,
         args.items,
         static_tokens + suffix_tokens,
         runs_on.backend,
         runs_on.attention,
         runs_on.matmul,
+        runs_on.elementwise,
         runs_on.device
     );
     println!("{:<12} {:>14} {:>14} {:>12}", "request", "items/s", "ms per item", "total s");
@@ -102,6 +103,7 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
         "backend": runs_on.backend,
         "attention": runs_on.attention,
         "matmul": runs_on.matmul,
+        "elementwise": runs_on.elementwise,
         "max_batch_tokens": scorer.max_pass_tokens(),
         "dtype": runs_on.dtype,
         "device": runs_on.device,

@@ -59,6 +59,25 @@ impl From<Attention> for tally_model::AttentionRoute {
     }
 }
 
+/// How the layers' elementwise steps run (`tally_model::ElementwiseRoute`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Elementwise {
+    /// Burn's ops (fused by Burn's fusion layer on wgpu and CUDA).
+    Burn,
+    /// tally's fused kernels on wgpu and CUDA: residual add + RMSNorm, the q/k norms and
+    /// `silu(gate) · up`, one launch each; Burn's ops on the CPU.
+    Kernels,
+}
+
+impl From<Elementwise> for tally_model::ElementwiseRoute {
+    fn from(elementwise: Elementwise) -> Self {
+        match elementwise {
+            Elementwise::Burn => tally_model::ElementwiseRoute::Burn,
+            Elementwise::Kernels => tally_model::ElementwiseRoute::Kernels,
+        }
+    }
+}
+
 /// Which library multiplies on CUDA (`tally_model::MatmulRoute`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Matmul {
@@ -79,6 +98,22 @@ pub struct DeviceArgs {
     pub attention: Attention,
     #[arg(long, value_enum, default_value_t = Matmul::Cubecl)]
     pub matmul: Matmul,
+    #[arg(long, value_enum, default_value_t = Elementwise::Burn)]
+    pub elementwise: Elementwise,
+}
+
+impl DeviceArgs {
+    /// The model's routes these flags pick.
+    pub fn routes(&self) -> Routes {
+        Routes { attention: self.attention.into(), elementwise: self.elementwise.into() }
+    }
+}
+
+/// Which implementation runs each step of the model that has several.
+#[derive(Clone, Copy, Debug)]
+pub struct Routes {
+    pub attention: tally_model::AttentionRoute,
+    pub elementwise: tally_model::ElementwiseRoute,
 }
 
 /// Code generic over the backend, run with the backend the user picked.

@@ -33,7 +33,7 @@ impl WithBackend for ScenarioCommand {
     type Output = Value;
 
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Value> {
-        let scorer = crate::loading::load_scorer::<B>(&self.bench.model, &device, self.bench.prefix_cache_bytes(), self.bench.max_batch_tokens, self.device.attention)?;
+        let scorer = crate::loading::load_scorer::<B>(&self.bench.model, &device, self.bench.prefix_cache_bytes(), self.bench.max_batch_tokens, self.device.routes())?;
         let result = tally_bench::scenario::run(&self.bench, scorer, &runs_on(self.device));
         #[cfg(feature = "cuda")]
         if let Some(gemms) = tally_model::cublas::profile_table() {
@@ -53,5 +53,5 @@ impl WithBackend for AttentionCommand {
 
 fn runs_on(device: DeviceArgs) -> RunsOn {
     let name = |value: &dyn std::fmt::Debug| format!("{value:?}").to_lowercase();
-    RunsOn { backend: name(&device.backend), dtype: name(&device.dtype), attention: name(&device.attention), matmul: name(&device.matmul), device: device_name(device.backend) }
+    RunsOn { backend: name(&device.backend), dtype: name(&device.dtype), attention: name(&device.attention), elementwise: name(&device.elementwise), matmul: name(&device.matmul), device: device_name(device.backend) }
 }

@@ -8,12 +8,12 @@ use tally_core::PassBudget;
 use tally_engine::{Scorer, ScorerOptions};
 use tally_model::ScoringBackend;
 
-use crate::backend::Attention;
+use crate::backend::Routes;
 
-/// Loads `model` with a prefix cache of `prefix_cache_bytes`, the attention route asked for,
+/// Loads `model` with a prefix cache of `prefix_cache_bytes`, the routes asked for,
 /// and passes of `max_batch_tokens` (`--max-batch-tokens`) or, if not given, as many as the
 /// device's free memory allows, else [`PassBudget::default`]'s.
-pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_cache_bytes: usize, max_batch_tokens: Option<usize>, attention: Attention) -> Result<Scorer<B>> {
+pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_cache_bytes: usize, max_batch_tokens: Option<usize>, routes: Routes) -> Result<Scorer<B>> {
     let options = ScorerOptions { prefix_cache_bytes, ..ScorerOptions::default() };
     let bar = ProgressBar::new(0).with_style(ProgressStyle::with_template("loading {msg} {bar:30} {pos}/{len} layers {elapsed}").expect("a valid template"));
     bar.set_message(model.file_name().map_or_else(String::new, |name| name.to_string_lossy().into_owned()));
@@ -24,7 +24,8 @@ pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_c
     let scorer = Scorer::<B>::load_with_progress(model, device, options, &mut progress).with_context(|| format!("cannot load model {}", model.display()));
     bar.finish_and_clear();
     let mut scorer = scorer?;
-    scorer.set_attention_route(attention.into());
+    scorer.set_attention_route(routes.attention);
+    scorer.set_elementwise_route(routes.elementwise);
     let tokens = match (max_batch_tokens, scorer.device_pass_tokens()) {
         (Some(tokens), _) => tokens,
         (None, Some(tokens)) => {

@@ -50,7 +50,7 @@ impl WithBackend for ServeArgs {
 
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Self::Output> {
         let (dir, name) = crate::hub::resolve_model(&self.model)?;
-        let mut scorer = crate::loading::load_scorer::<B>(&dir, &device, self.prefix_cache_mib << 20, self.max_batch_tokens, self.device.attention)?.with_model_name(name);
+        let mut scorer = crate::loading::load_scorer::<B>(&dir, &device, self.prefix_cache_mib << 20, self.max_batch_tokens, self.device.routes())?.with_model_name(name);
         let max_batch_tokens = scorer.max_pass_tokens();
         if self.device.backend != BackendKind::Cpu && !self.no_warmup {
             warm_up(&mut scorer)?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
-use tally_model::{AttentionRoute, DecoderModel, HotPaths, ItemGroup, LabelTable, LoadError, OpenedModel, ScoringBackend};
+use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, HotPaths, ItemGroup, LabelTable, LoadError, OpenedModel, ScoringBackend};
 
 use crate::prefill::prefill_queries;
 use crate::prefix_cache::PrefixLru;
@@ -89,6 +89,11 @@ impl<B: ScoringBackend> Scorer<B> {
     /// Which multi-item attention runs (see [`AttentionRoute`]).
     pub fn set_attention_route(&mut self, route: AttentionRoute) {
         self.model.set_attention_route(route);
+    }
+
+    /// How the layers' elementwise steps run (see [`ElementwiseRoute`]).
+    pub fn set_elementwise_route(&mut self, route: ElementwiseRoute) {
+        self.model.set_elementwise_route(route);
     }
 
     /// Most padded item tokens per pass that the device's free memory allows

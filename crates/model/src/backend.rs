@@ -4,6 +4,7 @@
 use burn::tensor::{backend::Backend, DType, Tensor};
 
 use crate::attention::{self, PaddedPlan};
+use crate::elementwise;
 use crate::route::AttentionRoute;
 use crate::layout::ItemLayout;
 use crate::lm_head::{self, LabelTable};
@@ -48,6 +49,17 @@ pub trait ScoringBackend: Backend {
     /// engine sizes its passes from it.
     fn free_memory(_device: &Self::Device) -> Option<u64> {
         None
+    }
+
+    /// `(x + delta, rms_norm(x + delta) · gain)` over the last dimension, `(x, rms_norm(x) ·
+    /// gain)` without `delta`: see [`elementwise::add_rms_norm`].
+    fn add_rms_norm<const D: usize>(x: Tensor<Self, D>, delta: Option<Tensor<Self, D>>, gain: &Tensor<Self, 1>, eps: f64) -> (Tensor<Self, D>, Tensor<Self, D>) {
+        elementwise::add_rms_norm(x, delta, gain, eps)
+    }
+
+    /// `silu(gate) · up` of the fused gate/up projection: see [`elementwise::silu_mul`].
+    fn silu_mul(gate_up: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        elementwise::silu_mul(gate_up)
     }
 
     /// Full-vocabulary log-probabilities of each row's labels: see [`lm_head::label_logprobs`].

@@ -5,7 +5,7 @@ use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr};
-use tally_shaders::{cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
+use tally_shaders::{add_rms_norm, silu_mul, cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
 use crate::attention::PrefixKv;
 use crate::query_kv::{LayerPrefixes, QueryBatch, QueryKv};
@@ -70,6 +70,16 @@ where
         free_device_memory::<R>(device)
     }
 
+    fn add_rms_norm<const D: usize>(x: Tensor<Self, D>, delta: Option<Tensor<Self, D>>, gain: &Tensor<Self, 1>, eps: f64) -> (Tensor<Self, D>, Tensor<Self, D>) {
+        let delta = delta.map(|delta| delta.into_primitive().tensor());
+        let (sum, normed) = add_rms_norm(x.into_primitive().tensor(), delta, gain.clone().into_primitive().tensor(), eps);
+        (Tensor::from_primitive(TensorPrimitive::Float(sum)), Tensor::from_primitive(TensorPrimitive::Float(normed)))
+    }
+
+    fn silu_mul(gate_up: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        Tensor::from_primitive(TensorPrimitive::Float(silu_mul(gate_up.into_primitive().tensor())))
+    }
+
     fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {
         let dtype = hidden.dtype();
         let vocab = head.dims()[0];
@@ -117,6 +127,17 @@ impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
 
     fn free_memory(device: &B::Device) -> Option<u64> {
         B::free_memory(device)
+    }
+
+    fn add_rms_norm<const D: usize>(x: Tensor<Self, D>, delta: Option<Tensor<Self, D>>, gain: &Tensor<Self, 1>, eps: f64) -> (Tensor<Self, D>, Tensor<Self, D>) {
+        let client = fusion_client(&x);
+        let (sum, normed) = B::add_rms_norm(settle(x), delta.map(settle), &settle(gain.clone()), eps);
+        (into_fusion(sum, &client), into_fusion(normed, &client))
+    }
+
+    fn silu_mul(gate_up: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        let client = fusion_client(&gate_up);
+        into_fusion(B::silu_mul(settle(gate_up)), &client)
     }
 
     fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {

@@ -3,7 +3,9 @@
 //! forward and a multi-item extend that returns only the final hidden state at the last token of
 //! each item. No KV cache beyond the query, no sampling, no per-token logits.
 
-use burn::tensor::{activation::silu, backend::Backend, Int, Tensor, TensorData};
+use std::marker::PhantomData;
+
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use crate::attention::PrefixKv;
 use crate::backend::{AttentionPlan, ScoringBackend};
@@ -12,7 +14,8 @@ use crate::layout::ItemLayout;
 use crate::lm_head::{self, LabelTable};
 use crate::query_kv::{ItemGroup, LayerPrefixes, QueryBatch, QueryKv, PREFILL_CHUNK};
 use crate::rope::Rope;
-use crate::route::AttentionRoute;
+use crate::elementwise::{self, rms_norm};
+use crate::route::{AttentionRoute, ElementwiseRoute};
 use crate::weights::{TensorSource, WeightsError};
 
 pub struct DecoderModel<B: Backend> {
@@ -26,6 +29,7 @@ pub struct DecoderModel<B: Backend> {
     /// Whether the hot paths run the backend's own kernels or plain Burn ops.
     hot_paths: HotPaths,
     attention_route: AttentionRoute,
+    elementwise_route: ElementwiseRoute,
 }
 
 /// How the two hot paths (multi-item attention, the full-vocabulary label log-probabilities) run.
@@ -129,6 +133,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
             config,
             hot_paths: HotPaths::default(),
             attention_route: AttentionRoute::default(),
+            elementwise_route: ElementwiseRoute::default(),
         };
         progress(total, total);
         Ok(model)
@@ -148,6 +153,10 @@ impl<B: ScoringBackend> DecoderModel<B> {
 
     pub fn set_attention_route(&mut self, route: AttentionRoute) {
         self.attention_route = route;
+    }
+
+    pub fn set_elementwise_route(&mut self, route: ElementwiseRoute) {
+        self.elementwise_route = route;
     }
 
     pub fn device(&self) -> B::Device {
@@ -267,8 +276,12 @@ impl<B: ScoringBackend> DecoderModel<B> {
         let attention = AttentionPlan::new(route, layout, &prefix_spans, group, &device);
         let (q_width, kv_width) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
 
+        let steps = Elementwise::<B> { kernels: self.hot_paths == HotPaths::Backend && self.elementwise_route == ElementwiseRoute::Kernels, eps: c.rms_norm_eps, _backend: PhantomData };
+        // Each block's output waits to be added until the next norm, which adds it in the same launch.
+        let mut pending: Option<Tensor<B, 2>> = None;
         for (index, layer) in self.layers.iter().enumerate() {
-            let h = rms_norm(x.clone(), &layer.input_norm, c.rms_norm_eps);
+            let (residual, h) = steps.add_rms_norm(x, pending.take(), &layer.input_norm);
+            x = residual;
             let mut qkv = B::matmul(h, layer.qkv_proj.clone());
             if let Some(bias) = &layer.qkv_bias {
                 qkv = qkv + bias.clone().unsqueeze::<2>();
@@ -278,7 +291,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
             let k = heads(qkv.clone().narrow(1, q_width, kv_width), c.num_key_value_heads);
             let v = heads(qkv.narrow(1, q_width + kv_width, kv_width), c.num_key_value_heads);
             let (q, k) = match &layer.qk_norm {
-                Some((q_norm, k_norm)) => (rms_norm(q, q_norm, c.rms_norm_eps), rms_norm(k, k_norm, c.rms_norm_eps)),
+                Some((q_norm, k_norm)) => (steps.add_rms_norm(q, None, q_norm).1, steps.add_rms_norm(k, None, k_norm).1),
                 None => (q, k),
             };
             let (q, k) = (rope.apply(q), rope.apply(k));
@@ -286,22 +299,41 @@ impl<B: ScoringBackend> DecoderModel<B> {
                 kept.push(PrefixKv { keys: k.clone().swap_dims(0, 1), values: v.clone().swap_dims(0, 1) });
             }
             let attended = attention.run(q, k, v, &LayerPrefixes::new(queries, index, group_queries));
-            x = x + B::matmul(attended.reshape([count, q_width]), layer.o_proj.clone());
+            let attention_out = B::matmul(attended.reshape([count, q_width]), layer.o_proj.clone());
 
-            let h = rms_norm(x.clone(), &layer.post_attention_norm, c.rms_norm_eps);
+            let (residual, h) = steps.add_rms_norm(x, Some(attention_out), &layer.post_attention_norm);
+            x = residual;
             let gate_up = B::matmul(h, layer.gate_up_proj.clone());
-            let gate = gate_up.clone().narrow(1, 0, c.intermediate_size);
-            let up = gate_up.narrow(1, c.intermediate_size, c.intermediate_size);
-            x = x + B::matmul(silu(gate) * up, layer.down_proj.clone());
+            pending = Some(B::matmul(steps.silu_mul(gate_up), layer.down_proj.clone()));
         }
-        x
+        match pending {
+            Some(mlp_out) => x + mlp_out,
+            None => x,
+        }
     }
 }
 
-/// RMSNorm over the last dimension with a learned gain.
-fn rms_norm<B: Backend, const D: usize>(x: Tensor<B, D>, gain: &Tensor<B, 1>, eps: f64) -> Tensor<B, D> {
-    let rms = (x.clone().powi_scalar(2).mean_dim(D - 1) + eps).sqrt();
-    x / rms * gain.clone().unsqueeze::<D>()
+/// The layers' elementwise steps on the route picked: the backend's fused kernels or Burn's ops.
+struct Elementwise<B> {
+    kernels: bool,
+    eps: f64,
+    _backend: PhantomData<B>,
+}
+
+impl<B: ScoringBackend> Elementwise<B> {
+    fn add_rms_norm<const D: usize>(&self, x: Tensor<B, D>, delta: Option<Tensor<B, D>>, gain: &Tensor<B, 1>) -> (Tensor<B, D>, Tensor<B, D>) {
+        match self.kernels {
+            true => B::add_rms_norm(x, delta, gain, self.eps),
+            false => elementwise::add_rms_norm(x, delta, gain, self.eps),
+        }
+    }
+
+    fn silu_mul(&self, gate_up: Tensor<B, 2>) -> Tensor<B, 2> {
+        match self.kernels {
+            true => B::silu_mul(gate_up),
+            false => elementwise::silu_mul(gate_up),
+        }
+    }
 }
 
 fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {

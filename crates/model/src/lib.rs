@@ -9,10 +9,12 @@
 //! - [`decoder`]: the model: prefill a shared query once ([`query_kv`]), then score many items
 //!   in one pass.
 //! - [`layout`]: how the items of a pass are packed (CSR offsets, query groups).
-//! - [`route`]: which multi-item attention runs ([`AttentionRoute`]).
+//! - [`route`]: which multi-item attention ([`AttentionRoute`]) and which elementwise steps
+//!   ([`ElementwiseRoute`]) run.
 //! - [`backend`]: the hot paths as backend operations ([`ScoringBackend`]):
 //!   - [`attention`]: multi-item attention (query + per-item causal) in plain Burn ops;
 //!   - [`lm_head`]: label logits and the streamed full-vocabulary log-sum-exp, plain Burn;
+//!   - [`elementwise`]: residual add + RMSNorm and SwiGLU's product, plain Burn;
 //!   - `cube` (feature `cubecl`): the same two on CubeCL backends, with tally-shaders' kernels.
 //! - [`presets`] / [`random`]: released shapes and seeded random checkpoints for benchmarks.
 
@@ -22,6 +24,7 @@ pub mod config;
 #[cfg(feature = "cubecl")]
 mod cube;
 pub mod decoder;
+pub mod elementwise;
 pub mod file_data;
 pub mod gguf;
 pub mod layout;
@@ -42,7 +45,7 @@ pub use tally_shaders::{set_matmul_route, MatmulRoute};
 pub use tally_shaders::cublas;
 pub use config::{Family, ModelConfig};
 pub use decoder::{DecoderModel, HotPaths};
-pub use route::AttentionRoute;
+pub use route::{AttentionRoute, ElementwiseRoute};
 pub use layout::ItemLayout;
 pub use lm_head::LabelTable;
 pub use query_kv::{ItemGroup, LayerPrefixes, QueryBatch, QueryKv, PREFILL_CHUNK};

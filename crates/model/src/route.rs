@@ -1,5 +1,5 @@
-//! Which multi-item attention runs: a leaf type the decoder, the backend trait and the server
-//! share.
+//! Which implementation runs a step of the model when several can: leaf types the decoder, the
+//! backend trait and the server share.
 
 /// How multi-item attention runs when the hot paths are the backend's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -16,4 +16,16 @@ pub enum AttentionRoute {
     /// cores where the backend's matmul uses them), each item's own part padded and causal, the
     /// two merged by their log-sum-exps.
     Cascade,
+}
+
+/// How the layers' elementwise steps (residual add + RMSNorm, the q/k norms, `silu(gate) · up`)
+/// run when the hot paths are the backend's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ElementwiseRoute {
+    /// Burn's ops, which Burn's fusion layer fuses on `--backend wgpu|cuda`.
+    #[default]
+    Burn,
+    /// The backend's fused kernels (tally-shaders on CubeCL backends; Burn's ops on the CPU):
+    /// one launch per residual add + norm and per SwiGLU, each row read once.
+    Kernels,
 }
