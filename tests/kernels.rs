@@ -16,12 +16,12 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use kernel_cases::*;
 use tally_model::lm_head::{label_logprobs, LabelTable};
 use tally_model::{AttentionRoute, LayerPrefixes, QueryBatch, QueryKv, ScoringBackend};
-use tally_shaders::{AttentionKernel, StreamedLabelLogprobs};
+use tally_shaders::{AttentionKernel, StreamedLabelLogprobs, TileShape};
 
 /// Both kernels (the tiled one as its register tile in float32) against the CPU.
 fn check_attention(case: Case, seed: u64) {
     let expected = case.expected(seed);
-    for kernel in [AttentionKernel::Rows, AttentionKernel::Tiled] {
+    for kernel in [AttentionKernel::Rows, AttentionKernel::Tiled(TileShape::default())] {
         assert_close(&case.kernel::<f32>(seed, kernel), &expected, 1e-4, &format!("{kernel:?}, {}", case.name()));
     }
 }
@@ -97,6 +97,28 @@ fn attention_just_under_at_and_past_the_tiled_kernels_tiles() {
 }
 
 #[test]
+fn attention_every_tile_shape() {
+    if !gpu::gpu_or_skip("attention_every_tile_shape") {
+        return;
+    }
+    // Items across every tile size's edges (16/17, 31/33, 64/65, 130), two prefixes.
+    let case = Case { groups: vec![(40, vec![16, 17, 33, 1, 64, 65, 130]), (1, vec![31, 2])], q_heads: 4, kv_heads: 2, head_dim: 32 };
+    let expected = case.expected(21);
+    let device = Default::default();
+    let client = <GpuRuntime as burn_cubecl::cubecl::Runtime>::client(&device);
+    for rows in TileShape::ROWS {
+        for keys in TileShape::KEYS {
+            let shape = TileShape::new(rows, keys).expect("a built shape");
+            if !shape.fits(&client, case.head_dim, burn::tensor::DType::F32) {
+                // Still checked: the call falls back to the row kernel.
+                eprintln!("note: tile {rows}x{keys} needs more shared memory than this adapter has; the row kernel runs instead");
+            }
+            assert_close(&case.kernel::<f32>(21, AttentionKernel::Tiled(shape)), &expected, 1e-4, &format!("tile {rows}x{keys}, {}", case.name()));
+        }
+    }
+}
+
+#[test]
 fn attention_through_the_fusion_backend_matches() {
     if !gpu::gpu_or_skip("attention_through_the_fusion_backend_matches") {
         return;
@@ -111,7 +133,7 @@ fn attention_through_the_fusion_backend_matches() {
     let group_queries: Vec<usize> = (0..case.groups.len()).collect();
     let spans: Vec<(usize, usize)> = group_queries.iter().map(|&g| batch.span(g)).collect();
     let prefixes = LayerPrefixes::new(&batch, 0, &group_queries);
-    for route in [AttentionRoute::Kernel, AttentionRoute::Tiled] {
+    for route in [AttentionRoute::Kernel, AttentionRoute::Tiled(TileShape::default())] {
         let plan = Fused::plan_attention(route, &layout, &spans, q / kv, &Default::default());
         let output = Fused::multi_item_attention(tensor(&queries, [t, q, d]), tensor(&keys, [t, kv, d]), tensor(&values, [t, kv, d]), &prefixes, &plan);
         assert_close(&host(output), &case.expected(7), 1e-4, &format!("fused, {route:?}"));
@@ -161,6 +183,52 @@ fn add_rms_norm_matches_float64() {
     let expected = tally_model::elementwise::rms_norm(tensor::<Reference, 3>(&x, [tokens, heads, head_dim]), &tensor(&gain, [head_dim]), eps);
     let (_, normed) = tally_shaders::add_rms_norm(cube(tensor::<Gpu, 3>(&x, [tokens, heads, head_dim])), None, cube(tensor::<Gpu, 1>(&gain, [head_dim])), eps);
     assert_close(&host(Tensor::<Gpu, 3>::from_primitive(TensorPrimitive::Float(normed))), &host(expected), 1e-5, "q/k norm shape");
+}
+
+/// The q/k norm + RoPE (and RoPE alone) against float64 on the host: head sizes 16, 24, 64 and
+/// 128 (cubes of 16, 32, 64 and 128 units, 24 leaving units idle), queries read where they lie
+/// in a wider q/k/v projection, positions in the thousands.
+#[test]
+fn norm_rope_matches_float64() {
+    if !gpu::gpu_or_skip("norm_rope_matches_float64") {
+        return;
+    }
+    let eps = 1e-6;
+    for (seed, &(tokens, heads, head_dim)) in [(5, 2, 16), (37, 3, 24), (20, 4, 64), (9, 2, 128)].iter().enumerate() {
+        let seed = 500 + seed as u64;
+        let width = heads * head_dim;
+        // The q/k/v projection: these heads first, then as many columns again.
+        let projection = random(seed, tokens * 2 * width, 2.0);
+        let gain = random(seed + 1, head_dim, 1.5);
+        let half = head_dim / 2;
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for token in 0..tokens {
+            let position = (token * 97 + 3) as f64;
+            let angles: Vec<f64> = (0..half).map(|i| position * 10_000f64.powf(-(i as f64) / half as f64)).collect();
+            cos.extend(angles.iter().chain(&angles).map(|a| a.cos() as f32));
+            sin.extend(angles.iter().chain(&angles).map(|a| a.sin() as f32));
+        }
+        for norm in [true, false] {
+            let mut expected = vec![0f32; tokens * width];
+            for token in 0..tokens {
+                for head in 0..heads {
+                    let x: Vec<f64> = (0..head_dim).map(|e| projection[token * 2 * width + head * head_dim + e] as f64).collect();
+                    let rms = (x.iter().map(|v| v * v).sum::<f64>() / head_dim as f64 + eps).sqrt();
+                    let n: Vec<f64> = (0..head_dim).map(|e| if norm { x[e] / rms * gain[e] as f64 } else { x[e] }).collect();
+                    for e in 0..head_dim {
+                        let rotated = if e < half { -n[e + half] } else { n[e - half] };
+                        let table = token * head_dim + e;
+                        expected[(token * heads + head) * head_dim + e] = (n[e] * cos[table] as f64 + rotated * sin[table] as f64) as f32;
+                    }
+                }
+            }
+            let x = tensor::<Gpu, 2>(&projection, [tokens, 2 * width]).narrow(1, 0, width).reshape([tokens, heads, head_dim]);
+            let gain = norm.then(|| cube(tensor::<Gpu, 1>(&gain, [head_dim])));
+            let output = tally_shaders::norm_rope(cube(x), gain, cube(tensor::<Gpu, 3>(&cos, [tokens, 1, head_dim])), cube(tensor::<Gpu, 3>(&sin, [tokens, 1, head_dim])), eps);
+            let what = format!("{tokens} tokens × {heads} heads × {head_dim}, norm {norm}");
+            assert_close(&host(Tensor::<Gpu, 3>::from_primitive(TensorPrimitive::Float(output))), &expected, 1e-5, &what);
+        }
+    }
 }
 
 /// `silu(gate) · up` from the fused projection against float64 on the host, with element counts

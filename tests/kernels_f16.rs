@@ -7,7 +7,7 @@ mod kernel_cases;
 
 use burn::tensor::DType;
 use kernel_cases::{assert_close, tensor, Case, Gpu};
-use tally_shaders::{tensor_core_tiles, AttentionKernel};
+use tally_shaders::{tensor_core_tiles, AttentionKernel, TileShape};
 
 #[test]
 fn attention_in_f16_accumulates_in_f32() {
@@ -28,7 +28,7 @@ fn attention_in_f16_accumulates_in_f32() {
     ];
     for (seed, case) in cases.iter().enumerate() {
         let expected = case.expected(seed as u64);
-        for kernel in [AttentionKernel::Rows, AttentionKernel::Tiled] {
+        for kernel in [AttentionKernel::Rows, AttentionKernel::Tiled(TileShape::default())] {
             assert_close(&case.kernel::<half::f16>(seed as u64, kernel), &expected, 1e-2, &format!("f16, {kernel:?}, {}", case.name()));
         }
     }

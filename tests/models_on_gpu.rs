@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use burn::backend::NdArray;
 use burn_cubecl::CubeBackend;
-use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, HotPaths, ItemGroup, LabelTable, ModelFiles, ScoringBackend};
+use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, HotPaths, ItemGroup, LabelTable, ModelFiles, ScoringBackend, TileShape};
 
 /// Label log-probabilities (on the routes given where the hot paths are the backend's) of three items after two queries prefilled together (a short one,
 /// and one of two chunks), two items on the first, one on the second, `[items][labels]`.
@@ -55,7 +55,7 @@ fn check<B: ScoringBackend>(backend: &str) {
         let expected = label_logprobs::<NdArray<f32>>(&dir, HotPaths::Plain, plain);
         // The backend's kernels: the row attention kernel with Burn's elementwise ops, the tiled
         // one with the fused elementwise kernels; then plain Burn ops.
-        let runs = [(HotPaths::Backend, (AttentionRoute::Kernel, ElementwiseRoute::Burn)), (HotPaths::Backend, (AttentionRoute::Tiled, ElementwiseRoute::Kernels)), (HotPaths::Plain, plain)];
+        let runs = [(HotPaths::Backend, (AttentionRoute::Kernel, ElementwiseRoute::Burn)), (HotPaths::Backend, (AttentionRoute::Tiled(TileShape::default()), ElementwiseRoute::Kernels)), (HotPaths::Plain, plain)];
         for (hot_paths, routes) in runs {
             assert_close(&label_logprobs::<B>(&dir, hot_paths, routes), &expected, &format!("{name} on {backend}, {hot_paths:?}, {routes:?}"));
         }

@@ -7,7 +7,8 @@
 #
 # Stages (TALLY_SUITE_STAGES, default all; the headline numbers first): env scenario profile peers
 # attention fixtures kernels coldstart load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_MATMULS (cubecl cublas),
-# TALLY_SUITE_ATTENTIONS (tiled kernel cascade; the first is the one profiled and split), TALLY_SUITE_SCENARIOS (s1 s2), TALLY_SUITE_CASES and
+# TALLY_SUITE_ATTENTIONS (tiled kernel cascade; the first is the one profiled and split),
+# TALLY_SUITE_TILES (the tiled kernel's other tile shapes the attention stage times), TALLY_SUITE_SCENARIOS (s1 s2), TALLY_SUITE_CASES and
 # TALLY_SUITE_PEER_SCENARIOS narrow them.
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
 set -uo pipefail
@@ -23,6 +24,7 @@ mkdir -p "$OUT" "$out"
 stages=${TALLY_SUITE_STAGES:-env scenario profile peers attention fixtures kernels coldstart load wgpu chart}
 attentions=${TALLY_SUITE_ATTENTIONS:-tiled kernel cascade}
 scenarios=${TALLY_SUITE_SCENARIOS:-s1 s2}
+tiles=${TALLY_SUITE_TILES:-128x16 64x32 128x32 32x16 128x64}
 dry=${TALLY_SUITE_DRY_RUN:-0}
 bin=/tmp/tally-suite
 mkdir -p $bin
@@ -32,7 +34,7 @@ if [ "$dry" = 1 ]; then
     cuda=${TALLY_BIN:-${CARGO_TARGET_DIR:-$repo/target}/release/tally}; wgpu=$cuda
     gpu=cpu; gpu_dtypes="float32"; preset=tiny; items=50; requests=3; iterations=2
     load_dtype=float32; load_levels="2 4"; load_seconds=4; python=${TALLY_SUITE_PYTHON:-python3}
-    matmuls=cubecl; split_tokens=512
+    matmuls=cubecl; split_tokens=512; tiles=${TALLY_SUITE_TILES:-128x32}
 else
     for b in cuda wgpu; do xz -dc .gpu/tally-$b.xz >$bin/tally-$b && chmod +x $bin/tally-$b; done
     cuda=$bin/tally-cuda; wgpu=$bin/tally-wgpu
@@ -90,10 +92,16 @@ fixtures_stage() {
     return $ok
 }
 
+# One layer's attention on every route; in the last dtype (bfloat16 on CUDA: tensor cores) also
+# the tiled kernel's other tile shapes (TALLY_SUITE_TILES, rows x keys), to pick its default.
 attention_stage() {
     local ok=0
     for dtype in $gpu_dtypes; do
         "$cuda" bench attention --backend $gpu --dtype $dtype --items $items --iterations $iterations --out "$out/attention-$gpu-$dtype.json" || ok=1
+    done
+    for tile in $tiles; do
+        "$cuda" bench attention --backend $gpu --dtype ${gpu_dtypes##* } --items $items --iterations $iterations \
+            --tile-rows ${tile%x*} --tile-keys ${tile#*x} --out "$out/attention-$gpu-${gpu_dtypes##* }-tile-$tile.json" || ok=1
     done
     return $ok
 }

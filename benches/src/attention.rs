@@ -8,7 +8,7 @@ use clap::Args;
 use burn::tensor::{activation::softmax, backend::Backend, ElementConversion, Tensor, TensorData};
 use serde_json::{json, Value};
 use tally_model::attention::{self, PaddedPlan, PrefixKv};
-use tally_model::{AttentionRoute, ItemLayout, LayerPrefixes, QueryBatch, QueryKv, ScoringBackend};
+use tally_model::{AttentionRoute, ItemLayout, TileShape, LayerPrefixes, QueryBatch, QueryKv, ScoringBackend};
 
 use crate::rng::Rng;
 use crate::timing::median_seconds;
@@ -38,7 +38,8 @@ pub struct AttentionArgs {
 }
 
 /// Times one layer's attention on backend `B`, every route against dense-masked attention.
-pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: &RunsOn) -> Result<Value> {
+/// `tile`: the tiled route's tile shape.
+pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: &RunsOn, tile: TileShape) -> Result<Value> {
     let a = args;
     ensure!(a.items > 0 && a.item_len > 0 && a.iterations > 0, "--items, --item-len and --iterations must be positive");
     ensure!(a.kv_heads > 0 && a.q_heads.is_multiple_of(a.kv_heads), "--q-heads must be a multiple of --kv-heads");
@@ -58,7 +59,7 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
     // Planned once per pass in the model, so timed apart from the per-layer run.
     let spans = [(0, a.prefix)];
     let kernel_plan = || B::plan_attention(AttentionRoute::Kernel, &layout, &spans, group, &device);
-    let tiled_plan = || B::plan_attention(AttentionRoute::Tiled, &layout, &spans, group, &device);
+    let tiled_plan = || B::plan_attention(AttentionRoute::Tiled(tile), &layout, &spans, group, &device);
     let cascade_plan = || PaddedPlan::<B>::new(&layout, group, &device);
     let (planned_kernel, planned_tiled, planned_cascade) = (kernel_plan(), tiled_plan(), cascade_plan());
     let batch = QueryBatch::new(vec![QueryKv::from_layers(vec![prefix.clone()])]);
@@ -95,6 +96,7 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
         "multi_item_ms": multi_item_ms,
         "dense_masked_ms": dense_ms,
         "tiled_ms": tiled_ms,
+        "tile": format!("{}x{}", tile.rows, tile.keys),
         "cascade_ms": cascade_ms,
         "kernel_plan_ms": kernel_plan_ms,
         "cascade_plan_ms": cascade_plan_ms,

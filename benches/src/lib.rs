@@ -30,6 +30,8 @@ pub struct RunsOn {
     pub attention: String,
     /// The elementwise route: `burn` or `kernels`.
     pub elementwise: String,
+    /// The tiled attention kernel's tile, `ROWSxKEYS`.
+    pub tile: String,
     /// Which library multiplies: `cubecl` or `cublas`.
     pub matmul: String,
     /// The GPU's name, or the CPU's with its thread count.

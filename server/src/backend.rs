@@ -41,23 +41,14 @@ pub enum Attention {
     /// tally's multi-item kernel on wgpu and CUDA, one query row per unit (masked tiles never
     /// computed); the cascade on the CPU.
     Kernel,
-    /// The tiled multi-item kernel: 64-row × 16-key tiles on tensor cores (CUDA, bfloat16), in
-    /// registers on wgpu and in float32; the cascade on the CPU.
+    /// The tiled multi-item kernel: tiles of `--tile-rows` query rows × `--tile-keys` keys on
+    /// tensor cores (CUDA, bfloat16), in registers on wgpu and in float32; the cascade on the CPU.
     Tiled,
     /// Prefix part as one batched matmul per KV head (tensor cores on CUDA), own-item part
     /// padded, merged by log-sum-exp: plain Burn ops.
     Cascade,
 }
 
-impl From<Attention> for tally_model::AttentionRoute {
-    fn from(attention: Attention) -> Self {
-        match attention {
-            Attention::Kernel => tally_model::AttentionRoute::Kernel,
-            Attention::Tiled => tally_model::AttentionRoute::Tiled,
-            Attention::Cascade => tally_model::AttentionRoute::Cascade,
-        }
-    }
-}
 
 /// How the layers' elementwise steps run (`tally_model::ElementwiseRoute`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -100,12 +91,35 @@ pub struct DeviceArgs {
     pub matmul: Matmul,
     #[arg(long, value_enum, default_value_t = Elementwise::Burn)]
     pub elementwise: Elementwise,
+    /// Query rows a cube of `--attention tiled` takes (16 per plane of 32 units).
+    #[arg(long, default_value = "64", value_parser = tile_size(["16", "32", "64", "128"]))]
+    pub tile_rows: usize,
+    /// Keys a step of `--attention tiled` stages and multiplies.
+    #[arg(long, default_value = "16", value_parser = tile_size(["16", "32", "64"]))]
+    pub tile_keys: usize,
+}
+
+/// One of the sizes `tally_model::TileShape` builds, as a number.
+fn tile_size<const N: usize>(sizes: [&'static str; N]) -> impl clap::builder::TypedValueParser<Value = usize> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(sizes).map(|size| size.parse().expect("a listed size is a number"))
 }
 
 impl DeviceArgs {
     /// The model's routes these flags pick.
     pub fn routes(&self) -> Routes {
-        Routes { attention: self.attention.into(), elementwise: self.elementwise.into() }
+        let attention = match self.attention {
+            Attention::Kernel => tally_model::AttentionRoute::Kernel,
+            // Both sizes are among those listed above, so the shape exists.
+            Attention::Tiled => tally_model::AttentionRoute::Tiled(tally_model::TileShape::new(self.tile_rows, self.tile_keys).unwrap_or_default()),
+            Attention::Cascade => tally_model::AttentionRoute::Cascade,
+        };
+        Routes { attention, elementwise: self.elementwise.into() }
+    }
+
+    /// `ROWSxKEYS` of the tiled kernel's tile.
+    pub fn tile_shape(&self) -> String {
+        format!("{}x{}", self.tile_rows, self.tile_keys)
     }
 }
 

@@ -6,8 +6,8 @@
 //!   its prefix and its own item causally; other items' tiles are never loaded.
 //! - [`label_logprobs`]: the label log-probabilities with a log-sum-exp streamed over
 //!   vocabulary chunks, label gather fused in.
-//! - [`rms_norm`]: residual add + RMSNorm in one pass over each row; [`swiglu`]: `silu(gate) ·
-//!   up` straight from the fused gate/up projection.
+//! - [`rms_norm`]: residual add + RMSNorm in one pass over each row; [`rope`]: the q/k norm
+//!   and RoPE in one; [`swiglu`]: `silu(gate) · up` straight from the fused gate/up projection.
 //! - [`f32_matmul`]: a float32 matmul that stays float32 on devices whose tensor cores would
 //!   round it to tf32.
 //! - [`matmul_route`]: which library multiplies on CUDA; [`cublas`] (feature `cublas`): the
@@ -25,13 +25,15 @@ mod grid;
 pub mod label_logprobs;
 pub mod matmul_route;
 pub mod rms_norm;
+pub mod rope;
 pub mod swiglu;
 
-pub use attention::{tensor_core_tiles, AttentionKernel, AttentionTiles, MultiItemAttention};
+pub use attention::{tensor_core_tiles, AttentionKernel, AttentionTiles, MultiItemAttention, TileShape};
 pub use f32_matmul::{f32_matmul, matmul_rounds_to_tf32};
 pub use label_logprobs::StreamedLabelLogprobs;
 pub use matmul_route::{cublas_matmul, routes_to_cublas, set_matmul_route, MatmulRoute};
 pub use rms_norm::add_rms_norm;
+pub use rope::norm_rope;
 pub use swiglu::silu_mul;
 
 /// Bytes free on `device` now, where the runtime can tell: CUDA, in a build with feature

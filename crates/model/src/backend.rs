@@ -57,6 +57,11 @@ pub trait ScoringBackend: Backend {
         elementwise::add_rms_norm(x, delta, gain, eps)
     }
 
+    /// `rope(rms_norm(x) · gain)`, or `rope(x)` without `gain`: see [`elementwise::norm_rope`].
+    fn norm_rope(x: Tensor<Self, 3>, gain: Option<&Tensor<Self, 1>>, cos: &Tensor<Self, 3>, sin: &Tensor<Self, 3>, eps: f64) -> Tensor<Self, 3> {
+        elementwise::norm_rope(x, gain, cos, sin, eps)
+    }
+
     /// `silu(gate) · up` of the fused gate/up projection: see [`elementwise::silu_mul`].
     fn silu_mul(gate_up: Tensor<Self, 2>) -> Tensor<Self, 2> {
         elementwise::silu_mul(gate_up)
@@ -91,7 +96,7 @@ pub(crate) enum AttentionPlan<B: ScoringBackend> {
 impl<B: ScoringBackend> AttentionPlan<B> {
     pub(crate) fn new(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &B::Device) -> Self {
         match route {
-            AttentionRoute::Kernel | AttentionRoute::Tiled => AttentionPlan::Backend(B::plan_attention(route, layout, prefix_spans, group, device)),
+            AttentionRoute::Kernel | AttentionRoute::Tiled(_) => AttentionPlan::Backend(B::plan_attention(route, layout, prefix_spans, group, device)),
             AttentionRoute::Cascade => AttentionPlan::Cascade(PaddedPlan::new(layout, group, device)),
         }
     }

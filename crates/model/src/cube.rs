@@ -5,7 +5,7 @@ use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr};
-use tally_shaders::{add_rms_norm, silu_mul, cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
+use tally_shaders::{add_rms_norm, norm_rope, silu_mul, cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
 use crate::attention::PrefixKv;
 use crate::query_kv::{LayerPrefixes, QueryBatch, QueryKv};
@@ -26,7 +26,7 @@ where
     fn plan_attention(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &R::Device) -> AttentionTiles<R> {
         let item_prefixes: Vec<(usize, usize)> = layout.item_groups().map(|g| prefix_spans[g]).collect();
         let kernel = match route {
-            AttentionRoute::Tiled => AttentionKernel::Tiled,
+            AttentionRoute::Tiled(shape) => AttentionKernel::Tiled(shape),
             AttentionRoute::Kernel | AttentionRoute::Cascade => AttentionKernel::Rows,
         };
         AttentionTiles::new(&R::client(device), device, layout.offsets(), &item_prefixes, group, kernel)
@@ -74,6 +74,12 @@ where
         let delta = delta.map(|delta| delta.into_primitive().tensor());
         let (sum, normed) = add_rms_norm(x.into_primitive().tensor(), delta, gain.clone().into_primitive().tensor(), eps);
         (Tensor::from_primitive(TensorPrimitive::Float(sum)), Tensor::from_primitive(TensorPrimitive::Float(normed)))
+    }
+
+    fn norm_rope(x: Tensor<Self, 3>, gain: Option<&Tensor<Self, 1>>, cos: &Tensor<Self, 3>, sin: &Tensor<Self, 3>, eps: f64) -> Tensor<Self, 3> {
+        let primitive = |t: &Tensor<Self, 3>| t.clone().into_primitive().tensor();
+        let gain = gain.map(|gain| gain.clone().into_primitive().tensor());
+        Tensor::from_primitive(TensorPrimitive::Float(norm_rope(x.into_primitive().tensor(), gain, primitive(cos), primitive(sin), eps)))
     }
 
     fn silu_mul(gate_up: Tensor<Self, 2>) -> Tensor<Self, 2> {
@@ -133,6 +139,12 @@ impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
         let client = fusion_client(&x);
         let (sum, normed) = B::add_rms_norm(settle(x), delta.map(settle), &settle(gain.clone()), eps);
         (into_fusion(sum, &client), into_fusion(normed, &client))
+    }
+
+    fn norm_rope(x: Tensor<Self, 3>, gain: Option<&Tensor<Self, 1>>, cos: &Tensor<Self, 3>, sin: &Tensor<Self, 3>, eps: f64) -> Tensor<Self, 3> {
+        let client = fusion_client(&x);
+        let gain = gain.map(|gain| settle(gain.clone()));
+        into_fusion(B::norm_rope(settle(x), gain.as_ref(), &settle(cos.clone()), &settle(sin.clone()), eps), &client)
     }
 
     fn silu_mul(gate_up: Tensor<Self, 2>) -> Tensor<Self, 2> {

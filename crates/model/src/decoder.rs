@@ -290,11 +290,8 @@ impl<B: ScoringBackend> DecoderModel<B> {
             let q = heads(qkv.clone().narrow(1, 0, q_width), c.num_attention_heads);
             let k = heads(qkv.clone().narrow(1, q_width, kv_width), c.num_key_value_heads);
             let v = heads(qkv.narrow(1, q_width + kv_width, kv_width), c.num_key_value_heads);
-            let (q, k) = match &layer.qk_norm {
-                Some((q_norm, k_norm)) => (steps.add_rms_norm(q, None, q_norm).1, steps.add_rms_norm(k, None, k_norm).1),
-                None => (q, k),
-            };
-            let (q, k) = (rope.apply(q), rope.apply(k));
+            let (q_norm, k_norm) = layer.qk_norm.as_ref().map(|(q, k)| (q, k)).unzip();
+            let (q, k) = (steps.norm_rope(q, q_norm, &rope), steps.norm_rope(k, k_norm, &rope));
             if let Some(kept) = keep_kv.as_deref_mut() {
                 kept.push(PrefixKv { keys: k.clone().swap_dims(0, 1), values: v.clone().swap_dims(0, 1) });
             }
@@ -325,6 +322,14 @@ impl<B: ScoringBackend> Elementwise<B> {
         match self.kernels {
             true => B::add_rms_norm(x, delta, gain, self.eps),
             false => elementwise::add_rms_norm(x, delta, gain, self.eps),
+        }
+    }
+
+    fn norm_rope(&self, x: Tensor<B, 3>, gain: Option<&Tensor<B, 1>>, rope: &Rope<B>) -> Tensor<B, 3> {
+        let (cos, sin) = rope.tables();
+        match self.kernels {
+            true => B::norm_rope(x, gain, cos, sin, self.eps),
+            false => elementwise::norm_rope(x, gain, cos, sin, self.eps),
         }
     }
 

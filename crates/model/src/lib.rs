@@ -45,7 +45,7 @@ pub use tally_shaders::{set_matmul_route, MatmulRoute};
 pub use tally_shaders::cublas;
 pub use config::{Family, ModelConfig};
 pub use decoder::{DecoderModel, HotPaths};
-pub use route::{AttentionRoute, ElementwiseRoute};
+pub use route::{AttentionRoute, ElementwiseRoute, TileShape};
 pub use layout::ItemLayout;
 pub use lm_head::LabelTable;
 pub use query_kv::{ItemGroup, LayerPrefixes, QueryBatch, QueryKv, PREFILL_CHUNK};

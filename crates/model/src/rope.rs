@@ -39,10 +39,9 @@ impl<B: Backend> Rope<B> {
         Rope { cos: table(&cos_rows), sin: table(&sin_rows) }
     }
 
-    /// `x·cos + rotate_half(x)·sin` for `x: [tokens, heads, head_dim]`.
-    pub(crate) fn apply(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let half = x.dims()[2] / 2;
-        let rotated = Tensor::cat(vec![x.clone().narrow(2, half, half).neg(), x.clone().narrow(2, 0, half)], 2);
-        x * self.cos.clone() + rotated * self.sin.clone()
+    /// The `cos` and `sin` tables: `x·cos + rotate_half(x)·sin` is the rotation (see
+    /// [`crate::elementwise::norm_rope`]).
+    pub(crate) fn tables(&self) -> (&Tensor<B, 3>, &Tensor<B, 3>) {
+        (&self.cos, &self.sin)
     }
 }

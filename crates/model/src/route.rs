@@ -1,6 +1,8 @@
 //! Which implementation runs a step of the model when several can: leaf types the decoder, the
 //! backend trait and the server share.
 
+pub use tally_shaders::TileShape;
+
 /// How multi-item attention runs when the hot paths are the backend's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionRoute {
@@ -8,10 +10,10 @@ pub enum AttentionRoute {
     /// per unit (tiles of other items never computed); elsewhere the cascade.
     #[default]
     Kernel,
-    /// The backend's tiled kernel: on CubeCL backends 64-row × 16-key tiles multiplied as
-    /// matrices, on tensor cores on CUDA in bf16/f16, in registers elsewhere; on the CPU the
-    /// cascade.
-    Tiled,
+    /// The backend's tiled kernel: on CubeCL backends tiles of query rows × keys of this shape
+    /// multiplied as matrices, on tensor cores on CUDA in bf16/f16, in registers elsewhere; on
+    /// the CPU the cascade.
+    Tiled(TileShape),
     /// The cascade in plain Burn ops: the prefix part as one batched matmul per KV head (tensor
     /// cores where the backend's matmul uses them), each item's own part padded and causal, the
     /// two merged by their log-sum-exps.

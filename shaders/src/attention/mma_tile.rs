@@ -1,7 +1,7 @@
 //! The tiled kernel's tile multiply on tensor cores: `mma.sync` m16n8k16 with bf16/f16
 //! operands and f32 accumulators (CubeCL's manual MMA, CUDA sm_80+). A plane's 16 rows are
-//! the `m`; the scores take two `n`-blocks of 8 keys and `head_dim / 16` `k`-steps, the output
-//! `head_dim / 8` `n`-blocks and one `k`-step of the 16 keys.
+//! the `m`; the scores take `keys / 8` `n`-blocks of 8 keys and `head_dim / 16` `k`-steps, the
+//! output `head_dim / 8` `n`-blocks and `keys / 16` `k`-steps.
 //!
 //! Fragments are filled element by element from where CubeCL says each lane's elements sit
 //! (`position_of_nth`), so nothing here assumes PTX's register layout; the query fragments
@@ -13,7 +13,7 @@ use burn_cubecl::cubecl::cmma::MmaDefinition;
 use burn_cubecl::cubecl::ir::MatrixIdent;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::tiled::{plane_and_lane, TileMath, KEYS, NO_ROW};
+use super::tiled::{plane_and_lane, TileMath, KEY_BLOCK, NO_ROW};
 
 /// `(m, n, k)` of one multiply.
 pub const MMA_SHAPE: (u32, u32, u32) = (16, 8, 16);
@@ -83,7 +83,7 @@ impl TileMath for MmaTile {
         output
     }
 
-    fn scores<F: Float>(query: &Array<f32>, keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize) {
+    fn scores<F: Float>(query: &Array<f32>, staged_keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize, #[comptime] keys: usize) {
         let def = definition::<F>();
         let (plane_row, lane) = plane_and_lane();
         let lane = lane as u32;
@@ -92,7 +92,7 @@ impl TileMath for MmaTile {
         let b_vectors = def.vectors_per_lane(MatrixIdent::B);
         let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
         #[unroll]
-        for block in 0..comptime![KEYS / 8] {
+        for block in 0..comptime![keys / 8] {
             let mut product = zeros::<F>(def);
             #[unroll]
             for step in 0..comptime![head_dim / 16] {
@@ -114,7 +114,7 @@ impl TileMath for MmaTile {
                     #[unroll]
                     for n in 0..PAIR {
                         let (dim, key) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::B);
-                        pair[n] = keys[(block * 8 + key as usize) * head_dim + step * 16 + dim as usize];
+                        pair[n] = staged_keys[(block * 8 + key as usize) * head_dim + step * 16 + dim as usize];
                     }
                     b[i] = pair;
                 }
@@ -125,13 +125,13 @@ impl TileMath for MmaTile {
                 #[unroll]
                 for n in 0..PAIR {
                     let (row, key) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::Accumulator);
-                    scores[(plane_row + row as usize) * KEYS + block * 8 + key as usize] = product[i][n] * scale;
+                    scores[(plane_row + row as usize) * keys + block * 8 + key as usize] = product[i][n] * scale;
                 }
             }
         }
     }
 
-    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &SharedMemory<f32>, corrections: &SharedMemory<f32>, values: &SharedMemory<F>, #[comptime] head_dim: usize) {
+    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &SharedMemory<f32>, corrections: &SharedMemory<f32>, values: &SharedMemory<F>, #[comptime] head_dim: usize, #[comptime] keys: usize) {
         let def = definition::<F>();
         let (plane_row, lane) = plane_and_lane();
         let lane = lane as u32;
@@ -139,17 +139,22 @@ impl TileMath for MmaTile {
         let a_vectors = def.vectors_per_lane(MatrixIdent::A);
         let b_vectors = def.vectors_per_lane(MatrixIdent::B);
         let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
-        // The weights (A: element (row, key)) are the same for every block of dimensions.
-        let mut a = Array::<Vector<F, Pair>>::new(a_vectors);
+        let steps = comptime![keys / KEY_BLOCK];
+        // The weights (A: element (row, key)) of every k-step, the same for every block of
+        // dimensions.
+        let mut weight_fragments = Array::<Vector<F, Pair>>::new(comptime![steps * a_vectors]);
         #[unroll]
-        for i in 0..a_vectors {
-            let mut pair = Vector::empty();
+        for step in 0..steps {
             #[unroll]
-            for n in 0..PAIR {
-                let (row, key) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::A);
-                pair[n] = F::cast_from(weights[(plane_row + row as usize) * KEYS + key as usize]);
+            for i in 0..a_vectors {
+                let mut pair = Vector::empty();
+                #[unroll]
+                for n in 0..PAIR {
+                    let (row, key) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::A);
+                    pair[n] = F::cast_from(weights[(plane_row + row as usize) * keys + step * KEY_BLOCK + key as usize]);
+                }
+                weight_fragments[step * a_vectors + i] = pair;
             }
-            a[i] = pair;
         }
         #[unroll]
         for block in 0..comptime![head_dim / 8] {
@@ -164,19 +169,27 @@ impl TileMath for MmaTile {
                 }
                 product[i] = pair;
             }
-            // B is values: element (key, dimension).
-            let mut b = Array::<Vector<F, Pair>>::new(b_vectors);
             #[unroll]
-            for i in 0..b_vectors {
-                let mut pair = Vector::empty();
+            for step in 0..steps {
+                let mut a = Array::<Vector<F, Pair>>::new(a_vectors);
                 #[unroll]
-                for n in 0..PAIR {
-                    let (key, dim) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::B);
-                    pair[n] = values[key as usize * head_dim + block * 8 + dim as usize];
+                for i in 0..a_vectors {
+                    a[i] = weight_fragments[step * a_vectors + i];
                 }
-                b[i] = pair;
+                // B is values: element (key, dimension).
+                let mut b = Array::<Vector<F, Pair>>::new(b_vectors);
+                #[unroll]
+                for i in 0..b_vectors {
+                    let mut pair = Vector::empty();
+                    #[unroll]
+                    for n in 0..PAIR {
+                        let (key, dim) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::B);
+                        pair[n] = values[(step * KEY_BLOCK + key as usize) * head_dim + block * 8 + dim as usize];
+                    }
+                    b[i] = pair;
+                }
+                def.execute_inplace(&a, &b, &mut product);
             }
-            def.execute_inplace(&a, &b, &mut product);
             #[unroll]
             for i in 0..c_vectors {
                 #[unroll]

@@ -9,10 +9,10 @@
 //! up to its last token — staging each in shared memory. Keys of items outside the tile, and
 //! own keys after it, are never loaded: masked tiles cost nothing.
 //!
-//! Two kernels walk the tiles that way ([`AttentionKernel`]): [`rows`], one row per unit on
-//! CUDA cores, and [`tiled`], which multiplies 16-row × 16-key tiles as matrices — on tensor
-//! cores on CUDA ([`mma_tile`]), with a register tile elsewhere ([`register_tile`]), where its
-//! tiling, masks and online softmax are tested.
+//! Two kernels walk the tiles that way ([`AttentionKernel`]): `rows`, one row per unit on
+//! CUDA cores, and `tiled`, which multiplies tiles of query rows and keys ([`TileShape`]) as
+//! matrices — on tensor cores on CUDA (`mma_tile`), with a register tile elsewhere
+//! (`register_tile`), where its tiling, masks and online softmax are tested.
 
 use burn_backend::{DType, Shape, TensorMetadata};
 use burn_cubecl::cubecl::ir::{features::MmaConfig, StorageType};
@@ -40,11 +40,45 @@ pub enum AttentionKernel {
     /// One query row per unit on CUDA cores, every backend.
     #[default]
     Rows,
-    /// 64-row tiles (4 planes × 16 rows) against 16-key tiles, multiplied as matrices:
-    /// `mma.sync` m16n8k16 on CUDA in bf16/f16 (f32 accumulators), a register tile elsewhere.
-    /// Falls back to [`Self::Rows`] where a tile cannot hold the shape (a GQA group over 64
-    /// query heads, an odd head size).
-    Tiled,
+    /// Tiles of query rows against steps of keys, multiplied as matrices: `mma.sync` m16n8k16
+    /// on CUDA in bf16/f16 (f32 accumulators), a register tile elsewhere. Falls back to
+    /// [`Self::Rows`] where a tile cannot hold the shape (a GQA group over the tile's rows, an
+    /// odd head size, more shared memory than the device has).
+    Tiled(TileShape),
+}
+
+/// The tiled kernel's tile: query rows per cube (16 per plane of 32 units) and keys per step.
+/// Larger tiles read each prefix key for more rows and sync less often; smaller ones need less
+/// shared memory and registers. [`TileShape::ROWS`] × [`TileShape::KEYS`] are the shapes built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileShape {
+    pub rows: usize,
+    pub keys: usize,
+}
+
+impl Default for TileShape {
+    fn default() -> Self {
+        TileShape { rows: 64, keys: 16 }
+    }
+}
+
+impl TileShape {
+    /// Rows per cube a tile may have: 1, 2, 4 or 8 planes of 16.
+    pub const ROWS: [usize; 4] = [16, 32, 64, 128];
+    /// Keys per step a tile may have.
+    pub const KEYS: [usize; 3] = [16, 32, 64];
+
+    /// `None` unless `rows` is in [`Self::ROWS`] and `keys` in [`Self::KEYS`].
+    pub fn new(rows: usize, keys: usize) -> Option<Self> {
+        (Self::ROWS.contains(&rows) && Self::KEYS.contains(&keys)).then_some(TileShape { rows, keys })
+    }
+
+    /// Whether a cube's shared memory fits `client`'s device at `head_dim` in `dtype`: the
+    /// staged keys and values, the score tile, and six words a row.
+    pub fn fits<R: CubeRuntime>(self, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> bool {
+        let bytes = 2 * self.keys * head_dim * dtype.size() + self.rows * self.keys * 4 + self.rows * 6 * 4;
+        bytes <= client.properties().hardware.max_shared_memory_size
+    }
 }
 
 /// How one tiled call multiplies its tiles, picked per call from the device and dtype.
@@ -59,14 +93,14 @@ impl AttentionKernel {
     fn rows_per_cube(self) -> usize {
         match self {
             AttentionKernel::Rows => rows::ROWS_PER_CUBE,
-            AttentionKernel::Tiled => tiled::ROWS_PER_CUBE,
+            AttentionKernel::Tiled(shape) => shape.rows,
         }
     }
 
     /// This kernel, or the row kernel where a tile can't hold `group` query heads.
     fn for_group(self, group: usize) -> Self {
         match self {
-            AttentionKernel::Tiled if group > tiled::ROWS_PER_CUBE => AttentionKernel::Rows,
+            AttentionKernel::Tiled(shape) if group > shape.rows => AttentionKernel::Rows,
             kernel => kernel,
         }
     }
@@ -161,10 +195,15 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         let client = self.queries.client.clone();
         let dtype = self.queries.dtype;
         let tile_math = match tiles.kernel {
-            AttentionKernel::Tiled if head_dim.is_multiple_of(16) && tensor_core_tiles(&client, dtype) => Some(TileMath::Mma),
-            AttentionKernel::Tiled if head_dim.is_multiple_of(2) => Some(TileMath::Register),
-            // The tiles were cut for 64 rows; the row kernel takes any tile it is given.
+            AttentionKernel::Tiled(shape) if !shape.fits(&client, head_dim, dtype) => None,
+            AttentionKernel::Tiled(_) if head_dim.is_multiple_of(16) && tensor_core_tiles(&client, dtype) => Some(TileMath::Mma),
+            AttentionKernel::Tiled(_) if head_dim.is_multiple_of(2) => Some(TileMath::Register),
+            // The row kernel takes any tile it is given, whatever it was cut for.
             _ => None,
+        };
+        let shape = match tiles.kernel {
+            AttentionKernel::Tiled(shape) => shape,
+            AttentionKernel::Rows => TileShape::default(),
         };
         let (queries, keys, values) = (into_contiguous(self.queries), into_contiguous(self.keys), into_contiguous(self.values));
         let (prefix_keys, prefix_values) = (into_contiguous(self.prefix_keys), into_contiguous(self.prefix_values));
@@ -175,7 +214,7 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
                 tiled::tiled_attention_kernel::launch::<$math, R>(
                     &client,
                     grid,
-                    CubeDim::new_1d(tiled::UNITS_PER_CUBE as u32),
+                    CubeDim::new_1d((shape.rows / tiled::ROWS_PER_PLANE * tiled::LANES) as u32),
                     queries.into_tensor_arg(),
                     keys.into_tensor_arg(),
                     values.into_tensor_arg(),
@@ -187,6 +226,8 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
                     scale,
                     head_dim,
                     tiles.group,
+                    shape.rows,
+                    shape.keys,
                     dtype.into(),
                 )
             };
@@ -235,7 +276,7 @@ fn tiles(item_offsets: &[usize], item_prefixes: &[(usize, usize)], tokens_per_ti
 
 #[cfg(test)]
 mod tests {
-    use super::tiles;
+    use super::{tiles, TileShape};
 
     #[test]
     fn tiles_join_small_items_of_one_prefix_and_split_long_ones() {
@@ -244,6 +285,15 @@ mod tests {
         let tiles: Vec<&[u32]> = tiles.chunks(4).collect();
         assert_eq!(tiles, [&[0, 5, 0, 10][..], &[5, 10, 0, 10], &[10, 12, 0, 10], &[12, 13, 10, 4]]);
         assert_eq!(starts, [0, 0, 0, 3, 3, 5, 5, 5, 5, 5, 5, 5, 12]);
+    }
+
+    #[test]
+    fn tile_shapes_are_those_built() {
+        assert_eq!(TileShape::new(64, 16), Some(TileShape::default()));
+        assert_eq!(TileShape::new(128, 64), Some(TileShape { rows: 128, keys: 64 }));
+        for (rows, keys) in [(48, 16), (64, 8), (256, 16), (0, 0)] {
+            assert_eq!(TileShape::new(rows, keys), None, "{rows}x{keys}");
+        }
     }
 
     #[test]

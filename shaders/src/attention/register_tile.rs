@@ -6,7 +6,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::tiled::{plane_and_lane, TileMath, KEYS, NO_ROW, ROWS_PER_PLANE};
+use super::tiled::{plane_and_lane, TileMath, NO_ROW, ROWS_PER_PLANE};
 
 pub(super) struct RegisterTile;
 
@@ -44,21 +44,20 @@ impl TileMath for RegisterTile {
         output
     }
 
-    fn scores<F: Float>(query: &Array<f32>, keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize) {
+    fn scores<F: Float>(query: &Array<f32>, staged_keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize, #[comptime] keys: usize) {
         let (row, half) = row_and_half();
-        #[unroll]
-        for j in 0..comptime![KEYS / 2] {
-            let key = half * comptime![KEYS / 2] + j;
+        for j in 0..comptime![keys / 2] {
+            let key = half * comptime![keys / 2] + j;
             let mut score = f32::new(0.0);
             #[unroll]
             for e in 0..head_dim {
-                score += query[e] * f32::cast_from(keys[key * head_dim + e]);
+                score += query[e] * f32::cast_from(staged_keys[key * head_dim + e]);
             }
-            scores[row * KEYS + key] = score * scale;
+            scores[row * keys + key] = score * scale;
         }
     }
 
-    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &SharedMemory<f32>, corrections: &SharedMemory<f32>, values: &SharedMemory<F>, #[comptime] head_dim: usize) {
+    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &SharedMemory<f32>, corrections: &SharedMemory<f32>, values: &SharedMemory<F>, #[comptime] head_dim: usize, #[comptime] keys: usize) {
         let (row, half) = row_and_half();
         let width = comptime![head_dim / 2];
         let correction = corrections[row];
@@ -66,8 +65,8 @@ impl TileMath for RegisterTile {
         for e in 0..width {
             output[e] *= correction;
         }
-        for key in 0..KEYS {
-            let weight = weights[row * KEYS + key];
+        for key in 0..keys {
+            let weight = weights[row * keys + key];
             let base = key * head_dim + half * width;
             #[unroll]
             for e in 0..width {

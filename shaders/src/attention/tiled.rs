@@ -1,9 +1,10 @@
-//! The tiled kernel: a cube of 4 planes × 32 units takes 64 rows (one tile's tokens × the KV
-//! head's query heads), each plane 16 of them, and walks the key tiles 16 keys at a time
-//! (FlashAttention-2's loop, FlashInfer's multi-item windows). Per key tile:
+//! The tiled kernel: a cube of `rows / 16` planes × 32 units takes `rows` rows (one tile's
+//! tokens × the KV head's query heads), each plane 16 of them, and walks the key tiles `keys`
+//! keys at a time (FlashAttention-2's loop, FlashInfer's multi-item windows); both sizes are a
+//! [`super::TileShape`]. Per key tile:
 //!
 //! 1. the cube stages the tile's keys and values in shared memory (zeros past the last key);
-//! 2. each plane multiplies its 16 query rows by the 16 keys ([`TileMath::scores`]) into a
+//! 2. each plane multiplies its 16 query rows by the step's keys ([`TileMath::scores`]) into a
 //!    shared score tile;
 //! 3. one unit per row masks its scores (all of a prefix tile; of an own tile, its own item's
 //!    keys up to itself), moves its running max and sum and turns the scores into weights;
@@ -22,14 +23,11 @@ use crate::grid::cube_index;
 
 /// Query rows per plane: the `m` of one tensor-core multiply.
 pub(super) const ROWS_PER_PLANE: usize = 16;
-/// Planes per cube.
-pub(super) const PLANES: usize = 4;
 /// Units per plane: a CUDA warp.
 pub(super) const LANES: usize = 32;
-pub(super) const ROWS_PER_CUBE: usize = PLANES * ROWS_PER_PLANE;
-pub(super) const UNITS_PER_CUBE: usize = PLANES * LANES;
-/// Keys per step: one `k` of the weights × values multiply (16), two `n` of the scores one (8).
-pub(super) const KEYS: usize = 16;
+/// Keys per step come in multiples of this: one `k` of the weights × values multiply, two `n`
+/// of the scores one.
+pub(super) const KEY_BLOCK: usize = 16;
 /// The row offset of a row without a token (the tile's last tokens × group may not fill 64).
 pub(super) const NO_ROW: u32 = u32::MAX;
 
@@ -44,13 +42,13 @@ pub(super) trait TileMath: 'static + Send + Sync {
     /// This unit's share of its plane's output rows, zero.
     fn new_output<F: Float>(#[comptime] head_dim: usize) -> Array<f32>;
 
-    /// Writes `scale · query · key` for the plane's rows and the [`KEYS`] staged keys
-    /// (`[KEYS, head_dim]`) into `scores` (`[ROWS_PER_CUBE, KEYS]`).
-    fn scores<F: Float>(query: &Array<f32>, keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize);
+    /// Writes `scale · query · key` for the plane's rows and the `keys` staged keys
+    /// (`[keys, head_dim]`) into `scores` (`[rows, keys]`).
+    fn scores<F: Float>(query: &Array<f32>, staged_keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize, #[comptime] keys: usize);
 
     /// `output = output · correction[row] + weights · values` for the plane's rows
-    /// (`weights`: `[ROWS_PER_CUBE, KEYS]`, `values`: `[KEYS, head_dim]`).
-    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &SharedMemory<f32>, corrections: &SharedMemory<f32>, values: &SharedMemory<F>, #[comptime] head_dim: usize);
+    /// (`weights`: `[rows, keys]`, `values`: `[keys, head_dim]`).
+    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &SharedMemory<f32>, corrections: &SharedMemory<f32>, values: &SharedMemory<F>, #[comptime] head_dim: usize, #[comptime] keys: usize);
 
     /// Writes `output / sums[row]` of the plane's rows that have a token.
     fn store<F: Float>(output: &Array<f32>, sums: &SharedMemory<f32>, row_offsets: &SharedMemory<u32>, out: &mut Tensor<F>, #[comptime] head_dim: usize);
@@ -77,6 +75,8 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] group: usize,
+    #[comptime] rows: usize,
+    #[comptime] step_keys: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let tile = cube_index();
@@ -98,13 +98,13 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
     let own_start = item_starts[tile_start] as usize;
 
     // One unit per row: where the row reads and writes, what it may see, its running state.
-    let mut row_offsets = SharedMemory::<u32>::new(ROWS_PER_CUBE);
-    let mut row_tokens = SharedMemory::<u32>::new(ROWS_PER_CUBE);
-    let mut row_item_starts = SharedMemory::<u32>::new(ROWS_PER_CUBE);
-    let mut maxima = SharedMemory::<f32>::new(ROWS_PER_CUBE);
-    let mut sums = SharedMemory::<f32>::new(ROWS_PER_CUBE);
-    let mut corrections = SharedMemory::<f32>::new(ROWS_PER_CUBE);
-    if unit < ROWS_PER_CUBE {
+    let mut row_offsets = SharedMemory::<u32>::new(rows);
+    let mut row_tokens = SharedMemory::<u32>::new(rows);
+    let mut row_item_starts = SharedMemory::<u32>::new(rows);
+    let mut maxima = SharedMemory::<f32>::new(rows);
+    let mut sums = SharedMemory::<f32>::new(rows);
+    let mut corrections = SharedMemory::<f32>::new(rows);
+    if unit < rows {
         let token = tile_start + unit / group;
         let q_head = kv_head * group + unit % group;
         row_offsets[unit] = NO_ROW;
@@ -123,30 +123,30 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
 
     let query = T::load_query::<F>(queries, &row_offsets, head_dim);
     let mut accumulated = T::new_output::<F>(head_dim);
-    let mut tile_keys = SharedMemory::<F>::new(KEYS * head_dim);
-    let mut tile_values = SharedMemory::<F>::new(KEYS * head_dim);
-    let mut scores = SharedMemory::<f32>::new(ROWS_PER_CUBE * KEYS);
+    let mut tile_keys = SharedMemory::<F>::new(comptime![step_keys * head_dim]);
+    let mut tile_values = SharedMemory::<F>::new(comptime![step_keys * head_dim]);
+    let mut scores = SharedMemory::<f32>::new(comptime![rows * step_keys]);
 
-    let prefix_steps = prefix_len.div_ceil(KEYS);
+    let prefix_steps = prefix_len.div_ceil(step_keys);
     let own_len = tile_end - own_start;
-    let own_steps = own_len.div_ceil(KEYS);
+    let own_steps = own_len.div_ceil(step_keys);
     for step in 0..prefix_steps + own_steps {
         let in_prefix = step < prefix_steps;
-        let mut first = step * KEYS;
+        let mut first = step * step_keys;
         let mut available = prefix_len;
         if !in_prefix {
-            first = (step - prefix_steps) * KEYS;
+            first = (step - prefix_steps) * step_keys;
             available = own_len;
         }
         let mut count = available - first;
-        if count > KEYS {
-            count = KEYS;
+        if count > step_keys {
+            count = step_keys;
         }
 
         // 1. Stage the step's keys and values; zeros past `count`, which the multiplies read
         //    (a weight of 0 times a stale NaN would still be NaN).
         let mut index = unit;
-        while index < KEYS * head_dim {
+        while index < comptime![step_keys * head_dim] {
             let key = index / head_dim;
             let e = index % head_dim;
             let mut k = F::new(0.0);
@@ -164,17 +164,17 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
             }
             tile_keys[index] = k;
             tile_values[index] = v;
-            index += UNITS_PER_CUBE;
+            index += comptime![rows / ROWS_PER_PLANE * LANES];
         }
         sync_cube();
 
         // 2. Scores of every row against the step's keys.
-        T::scores::<F>(&query, &tile_keys, &mut scores, scale, head_dim);
+        T::scores::<F>(&query, &tile_keys, &mut scores, scale, head_dim, step_keys);
         sync_cube();
 
         // 3. Masks and online softmax, one unit per row: visible keys are `from..to`, all
         //    staged keys of a prefix step, and of an own step those in `item start..=token`.
-        if unit < ROWS_PER_CUBE {
+        if unit < rows {
             let mut from = 0;
             let mut to = count;
             if !in_prefix {
@@ -193,10 +193,10 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
                     }
                 }
             }
-            let base = unit * KEYS;
+            let base = unit * step_keys;
             let mut step_max = f32::new(NO_SCORE);
             #[unroll]
-            for j in 0..KEYS {
+            for j in 0..step_keys {
                 if j >= from && j < to && scores[base + j] > step_max {
                     step_max = scores[base + j];
                 }
@@ -210,7 +210,7 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
             let correction = f32::exp(previous - running_max);
             let mut sum = sums[unit] * correction;
             #[unroll]
-            for j in 0..KEYS {
+            for j in 0..step_keys {
                 let mut weight = f32::new(0.0);
                 if j >= from && j < to {
                     weight = f32::exp(scores[base + j] - running_max);
@@ -225,7 +225,7 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
         sync_cube();
 
         // 4. Rescale and add weights × values.
-        T::accumulate::<F>(&mut accumulated, &scores, &corrections, &tile_values, head_dim);
+        T::accumulate::<F>(&mut accumulated, &scores, &corrections, &tile_values, head_dim, step_keys);
         sync_cube();
     }
 
