@@ -47,6 +47,61 @@ fn zeros<F: Float>(def: MmaDefinition<F, F, f32>) -> Array<Vector<f32, Pair>> {
     fragment
 }
 
+/// An A fragment (16 rows × 16) from this lane's own f32 registers, `registers[first..]` in
+/// fragment order.
+#[cube]
+fn a_from_registers<F: Float>(def: MmaDefinition<F, F, f32>, registers: &Array<f32>, first: usize) -> Array<Vector<F, Pair>> {
+    let count = def.vectors_per_lane(MatrixIdent::A);
+    let mut fragment = Array::<Vector<F, Pair>>::new(count);
+    #[unroll]
+    for i in 0..count {
+        let mut pair = Vector::empty();
+        #[unroll]
+        for n in 0..PAIR {
+            pair[n] = F::cast_from(registers[first + i * PAIR + n]);
+        }
+        fragment[i] = pair;
+    }
+    fragment
+}
+
+/// An A fragment (16 rows × 16) of f32 `values`: element (row, column) at `first + row ·
+/// row_stride + column`.
+#[cube]
+fn a_from_shared<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, values: &SharedMemory<f32>, first: usize, #[comptime] row_stride: usize) -> Array<Vector<F, Pair>> {
+    let count = def.vectors_per_lane(MatrixIdent::A);
+    let mut fragment = Array::<Vector<F, Pair>>::new(count);
+    #[unroll]
+    for i in 0..count {
+        let mut pair = Vector::empty();
+        #[unroll]
+        for n in 0..PAIR {
+            let (row, column) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::A);
+            pair[n] = F::cast_from(values[first + row as usize * row_stride + column as usize]);
+        }
+        fragment[i] = pair;
+    }
+    fragment
+}
+
+/// A B fragment (16 × 8) of `staged`: element (k, n) at `first + k · k_stride + n · n_stride`.
+#[cube]
+fn b_from_shared<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged: &SharedMemory<F>, first: usize, #[comptime] k_stride: usize, #[comptime] n_stride: usize) -> Array<Vector<F, Pair>> {
+    let count = def.vectors_per_lane(MatrixIdent::B);
+    let mut fragment = Array::<Vector<F, Pair>>::new(count);
+    #[unroll]
+    for i in 0..count {
+        let mut pair = Vector::empty();
+        #[unroll]
+        for n in 0..PAIR {
+            let (k, column) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::B);
+            pair[n] = staged[first + k as usize * k_stride + column as usize * n_stride];
+        }
+        fragment[i] = pair;
+    }
+    fragment
+}
+
 #[cube]
 impl TileMath for MmaTile {
     /// The A fragments of the plane's rows, one per `k`-step of 16 dimensions, as f32.
@@ -88,36 +143,15 @@ impl TileMath for MmaTile {
         let (plane_row, lane) = plane_and_lane();
         let lane = lane as u32;
         let per_step = def.elems_per_lane(MatrixIdent::A);
-        let a_vectors = def.vectors_per_lane(MatrixIdent::A);
-        let b_vectors = def.vectors_per_lane(MatrixIdent::B);
         let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
         #[unroll]
         for block in 0..comptime![keys / 8] {
             let mut product = zeros::<F>(def);
             #[unroll]
             for step in 0..comptime![head_dim / 16] {
-                let mut a = Array::<Vector<F, Pair>>::new(a_vectors);
-                #[unroll]
-                for i in 0..a_vectors {
-                    let mut pair = Vector::empty();
-                    #[unroll]
-                    for n in 0..PAIR {
-                        pair[n] = F::cast_from(query[step * per_step + i * PAIR + n]);
-                    }
-                    a[i] = pair;
-                }
+                let a = a_from_registers::<F>(def, query, step * per_step);
                 // B is keysᵀ: element (dimension, key).
-                let mut b = Array::<Vector<F, Pair>>::new(b_vectors);
-                #[unroll]
-                for i in 0..b_vectors {
-                    let mut pair = Vector::empty();
-                    #[unroll]
-                    for n in 0..PAIR {
-                        let (dim, key) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::B);
-                        pair[n] = staged_keys[(block * 8 + key as usize) * head_dim + step * 16 + dim as usize];
-                    }
-                    b[i] = pair;
-                }
+                let b = b_from_shared::<F>(def, lane, staged_keys, block * 8 * head_dim + step * 16, 1, head_dim);
                 def.execute_inplace(&a, &b, &mut product);
             }
             #[unroll]
@@ -136,65 +170,42 @@ impl TileMath for MmaTile {
         let (plane_row, lane) = plane_and_lane();
         let lane = lane as u32;
         let per_block = def.elems_per_lane(MatrixIdent::Accumulator);
-        let a_vectors = def.vectors_per_lane(MatrixIdent::A);
-        let b_vectors = def.vectors_per_lane(MatrixIdent::B);
         let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
-        let steps = comptime![keys / KEY_BLOCK];
-        // The weights (A: element (row, key)) of every k-step, the same for every block of
-        // dimensions.
-        let mut weight_fragments = Array::<Vector<F, Pair>>::new(comptime![steps * a_vectors]);
+        // Rescale: an element's row is the same in every block of dimensions.
         #[unroll]
-        for step in 0..steps {
+        for n in 0..per_block {
+            let (row, _) = def.position_of_nth(lane, n as u32, MatrixIdent::Accumulator);
+            let correction = corrections[plane_row + row as usize];
             #[unroll]
-            for i in 0..a_vectors {
-                let mut pair = Vector::empty();
-                #[unroll]
-                for n in 0..PAIR {
-                    let (row, key) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::A);
-                    pair[n] = F::cast_from(weights[(plane_row + row as usize) * keys + step * KEY_BLOCK + key as usize]);
-                }
-                weight_fragments[step * a_vectors + i] = pair;
+            for block in 0..comptime![head_dim / 8] {
+                output[block * per_block + n] *= correction;
             }
         }
         #[unroll]
-        for block in 0..comptime![head_dim / 8] {
-            let mut product = Array::<Vector<f32, Pair>>::new(c_vectors);
+        for step in 0..comptime![keys / KEY_BLOCK] {
+            // A is the weights: element (row, key), loaded once for every block of dimensions.
+            let a = a_from_shared::<F>(def, lane, weights, plane_row * keys + step * KEY_BLOCK, keys);
             #[unroll]
-            for i in 0..c_vectors {
-                let mut pair = Vector::empty();
+            for block in 0..comptime![head_dim / 8] {
+                let mut product = Array::<Vector<f32, Pair>>::new(c_vectors);
                 #[unroll]
-                for n in 0..PAIR {
-                    let (row, _) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::Accumulator);
-                    pair[n] = output[block * per_block + i * PAIR + n] * corrections[plane_row + row as usize];
-                }
-                product[i] = pair;
-            }
-            #[unroll]
-            for step in 0..steps {
-                let mut a = Array::<Vector<F, Pair>>::new(a_vectors);
-                #[unroll]
-                for i in 0..a_vectors {
-                    a[i] = weight_fragments[step * a_vectors + i];
-                }
-                // B is values: element (key, dimension).
-                let mut b = Array::<Vector<F, Pair>>::new(b_vectors);
-                #[unroll]
-                for i in 0..b_vectors {
+                for i in 0..c_vectors {
                     let mut pair = Vector::empty();
                     #[unroll]
                     for n in 0..PAIR {
-                        let (key, dim) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::B);
-                        pair[n] = values[(step * KEY_BLOCK + key as usize) * head_dim + block * 8 + dim as usize];
+                        pair[n] = output[block * per_block + i * PAIR + n];
                     }
-                    b[i] = pair;
+                    product[i] = pair;
                 }
+                // B is the values: element (key, dimension).
+                let b = b_from_shared::<F>(def, lane, values, step * KEY_BLOCK * head_dim + block * 8, head_dim, 1);
                 def.execute_inplace(&a, &b, &mut product);
-            }
-            #[unroll]
-            for i in 0..c_vectors {
                 #[unroll]
-                for n in 0..PAIR {
-                    output[block * per_block + i * PAIR + n] = product[i][n];
+                for i in 0..c_vectors {
+                    #[unroll]
+                    for n in 0..PAIR {
+                        output[block * per_block + i * PAIR + n] = product[i][n];
+                    }
                 }
             }
         }

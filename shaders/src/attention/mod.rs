@@ -28,6 +28,7 @@ mod mma_tile;
 mod register_tile;
 mod rows;
 mod tiled;
+mod walk;
 
 pub use mma_tile::MMA_SHAPE;
 
@@ -209,12 +210,13 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         let (prefix_keys, prefix_values) = (into_contiguous(self.prefix_keys), into_contiguous(self.prefix_values));
         let grid = cubes(tiles.tile_count, kv_heads);
         let scale = (head_dim as f32).powf(-0.5);
-        macro_rules! launch_tiled {
-            ($math:ty) => {
-                tiled::tiled_attention_kernel::launch::<$math, R>(
+        // Both kernels take the same tensors; the tiled one also its tile's comptime sizes.
+        macro_rules! launch {
+            ($launch:expr, $units:expr $(, $tile_size:expr)*) => {
+                $launch(
                     &client,
                     grid,
-                    CubeDim::new_1d((shape.rows / tiled::ROWS_PER_PLANE * tiled::LANES) as u32),
+                    CubeDim::new_1d($units as u32),
                     queries.into_tensor_arg(),
                     keys.into_tensor_arg(),
                     values.into_tensor_arg(),
@@ -226,32 +228,16 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
                     scale,
                     head_dim,
                     tiles.group,
-                    shape.rows,
-                    shape.keys,
+                    $($tile_size,)*
                     dtype.into(),
                 )
             };
         }
+        let tiled_units = shape.rows / tiled::ROWS_PER_PLANE * tiled::LANES;
         match tile_math {
-            Some(TileMath::Mma) => launch_tiled!(mma_tile::MmaTile),
-            Some(TileMath::Register) => launch_tiled!(register_tile::RegisterTile),
-            None => rows::row_attention_kernel::launch::<R>(
-                &client,
-                grid,
-                CubeDim::new_1d((tiles.tokens_per_tile * tiles.group) as u32),
-                queries.into_tensor_arg(),
-                keys.into_tensor_arg(),
-                values.into_tensor_arg(),
-                prefix_keys.into_tensor_arg(),
-                prefix_values.into_tensor_arg(),
-                tiles.tiles.clone().into_tensor_arg(),
-                tiles.item_starts.clone().into_tensor_arg(),
-                output.clone().into_tensor_arg(),
-                scale,
-                head_dim,
-                tiles.group,
-                dtype.into(),
-            ),
+            Some(TileMath::Mma) => launch!(tiled::tiled_attention_kernel::launch::<mma_tile::MmaTile, R>, tiled_units, shape.rows, shape.keys),
+            Some(TileMath::Register) => launch!(tiled::tiled_attention_kernel::launch::<register_tile::RegisterTile, R>, tiled_units, shape.rows, shape.keys),
+            None => launch!(rows::row_attention_kernel::launch::<R>, tiles.tokens_per_tile * tiles.group),
         }
     }
 }

@@ -5,6 +5,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
+use super::walk::{read_tile, visible_keys, walk_step};
 use super::NO_SCORE;
 use crate::grid::cube_index;
 
@@ -31,28 +32,22 @@ pub(super) fn row_attention_kernel<F: Float>(
     #[comptime] group: usize,
     #[define(F)] _dtype: StorageType,
 ) {
-    let tile = cube_index();
+    let tile_index = cube_index();
     // Uniform over the cube: the grid's last row may run past the tiles.
-    if tile * 4 >= tiles.len() {
+    if tile_index * 4 >= tiles.len() {
         terminate!();
     }
     let kv_head = CUBE_POS_Z as usize;
-    let tile_start = tiles[tile * 4] as usize;
-    let tile_end = tiles[tile * 4 + 1] as usize;
-    let prefix_start = tiles[tile * 4 + 2] as usize;
-    let prefix_len = tiles[tile * 4 + 3] as usize;
+    let tile = read_tile(tiles, item_starts, tile_index);
     let prefix_tokens = prefix_keys.shape(1);
     let kv_heads = keys.shape(1);
     let q_heads = kv_heads * group;
 
     let unit = UNIT_POS_X as usize;
-    let token = tile_start + unit / group;
+    let token = tile.start + unit / group;
     let q_head = kv_head * group + unit % group;
-    let active = token < tile_end;
-    // Own keys run from the tile's first item start (earlier for a piece of a long item) to
-    // the tile's end; a row sees those from its own item's start up to itself.
-    let own_start = item_starts[tile_start] as usize;
-    let mut row_item_start = own_start;
+    let active = token < tile.end;
+    let mut row_item_start = tile.own_start;
     if active {
         row_item_start = item_starts[token] as usize;
     }
@@ -73,34 +68,23 @@ pub(super) fn row_attention_kernel<F: Float>(
 
     let mut tile_keys = SharedMemory::<f32>::new(KEY_TILE * head_dim);
     let mut tile_values = SharedMemory::<f32>::new(KEY_TILE * head_dim);
-    let prefix_tiles = prefix_len.div_ceil(KEY_TILE);
-    let own_len = tile_end - own_start;
-    let own_tiles = own_len.div_ceil(KEY_TILE);
+    let prefix_steps = tile.prefix_len.div_ceil(KEY_TILE);
+    let own_steps = (tile.end - tile.own_start).div_ceil(KEY_TILE);
 
-    for step in 0..prefix_tiles + own_tiles {
-        let in_prefix = step < prefix_tiles;
-        let mut first = step * KEY_TILE;
-        let mut available = prefix_len;
-        if !in_prefix {
-            first = (step - prefix_tiles) * KEY_TILE;
-            available = own_len;
-        }
-        let mut count = available - first;
-        if count > KEY_TILE {
-            count = KEY_TILE;
-        }
+    for step in 0..prefix_steps + own_steps {
+        let step = walk_step(&tile, step, prefix_steps, KEY_TILE);
 
         // Stage `count` keys and values, all units together.
         let mut index = unit;
-        while index < count * head_dim {
-            let key = first + index / head_dim;
+        while index < step.count * head_dim {
+            let key = step.first + index / head_dim;
             let e = index % head_dim;
-            if in_prefix {
-                let source = (kv_head * prefix_tokens + prefix_start + key) * head_dim + e;
+            if step.in_prefix {
+                let source = (kv_head * prefix_tokens + tile.prefix_start + key) * head_dim + e;
                 tile_keys[index] = f32::cast_from(prefix_keys[source]);
                 tile_values[index] = f32::cast_from(prefix_values[source]);
             } else {
-                let source = ((own_start + key) * kv_heads + kv_head) * head_dim + e;
+                let source = ((tile.own_start + key) * kv_heads + kv_head) * head_dim + e;
                 tile_keys[index] = f32::cast_from(keys[source]);
                 tile_values[index] = f32::cast_from(values[source]);
             }
@@ -109,23 +93,7 @@ pub(super) fn row_attention_kernel<F: Float>(
         sync_cube();
 
         if active {
-            // Visible keys of this step: `from..to`, all of a prefix step, and of an own step
-            // those in `row_item_start..=token`.
-            let mut from = 0;
-            let mut to = count;
-            if !in_prefix {
-                let step_start = own_start + first;
-                if row_item_start > step_start {
-                    from = row_item_start - step_start;
-                }
-                to = 0;
-                if token >= step_start {
-                    to = token - step_start + 1;
-                    if to > count {
-                        to = count;
-                    }
-                }
-            }
+            let (from, to) = visible_keys(&tile, &step, row_item_start, token);
             for j in from..to {
                 let base = j * head_dim;
                 let mut score = f32::new(0.0);

@@ -18,6 +18,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
+use super::walk::{read_tile, visible_keys, walk_step};
 use super::NO_SCORE;
 use crate::grid::cube_index;
 
@@ -79,23 +80,17 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
     #[comptime] step_keys: usize,
     #[define(F)] _dtype: StorageType,
 ) {
-    let tile = cube_index();
+    let tile_index = cube_index();
     // Uniform over the cube: the grid's last row may run past the tiles.
-    if tile * 4 >= tiles.len() {
+    if tile_index * 4 >= tiles.len() {
         terminate!();
     }
     let kv_head = CUBE_POS_Z as usize;
-    let tile_start = tiles[tile * 4] as usize;
-    let tile_end = tiles[tile * 4 + 1] as usize;
-    let prefix_start = tiles[tile * 4 + 2] as usize;
-    let prefix_len = tiles[tile * 4 + 3] as usize;
+    let tile = read_tile(tiles, item_starts, tile_index);
     let prefix_tokens = prefix_keys.shape(1);
     let kv_heads = keys.shape(1);
     let q_heads = kv_heads * group;
     let unit = UNIT_POS_X as usize;
-    // Own keys run from the tile's first item start (earlier for a piece of a long item) to
-    // the tile's end; a row sees those from its own item's start up to itself.
-    let own_start = item_starts[tile_start] as usize;
 
     // One unit per row: where the row reads and writes, what it may see, its running state.
     let mut row_offsets = SharedMemory::<u32>::new(rows);
@@ -105,13 +100,13 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
     let mut sums = SharedMemory::<f32>::new(rows);
     let mut corrections = SharedMemory::<f32>::new(rows);
     if unit < rows {
-        let token = tile_start + unit / group;
+        let token = tile.start + unit / group;
         let q_head = kv_head * group + unit % group;
         row_offsets[unit] = NO_ROW;
         // A row without a token sees no own key: its item "starts" past every key.
-        row_tokens[unit] = own_start as u32;
-        row_item_starts[unit] = tile_end as u32;
-        if token < tile_end {
+        row_tokens[unit] = tile.own_start as u32;
+        row_item_starts[unit] = tile.end as u32;
+        if token < tile.end {
             row_offsets[unit] = ((token * q_heads + q_head) * head_dim) as u32;
             row_tokens[unit] = token as u32;
             row_item_starts[unit] = item_starts[token];
@@ -127,23 +122,12 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
     let mut tile_values = SharedMemory::<F>::new(comptime![step_keys * head_dim]);
     let mut scores = SharedMemory::<f32>::new(comptime![rows * step_keys]);
 
-    let prefix_steps = prefix_len.div_ceil(step_keys);
-    let own_len = tile_end - own_start;
-    let own_steps = own_len.div_ceil(step_keys);
+    let prefix_steps = tile.prefix_len.div_ceil(step_keys);
+    let own_steps = (tile.end - tile.own_start).div_ceil(step_keys);
     for step in 0..prefix_steps + own_steps {
-        let in_prefix = step < prefix_steps;
-        let mut first = step * step_keys;
-        let mut available = prefix_len;
-        if !in_prefix {
-            first = (step - prefix_steps) * step_keys;
-            available = own_len;
-        }
-        let mut count = available - first;
-        if count > step_keys {
-            count = step_keys;
-        }
+        let step = walk_step(&tile, step, prefix_steps, step_keys);
 
-        // 1. Stage the step's keys and values; zeros past `count`, which the multiplies read
+        // 1. Stage the step's keys and values; zeros past its count, which the multiplies read
         //    (a weight of 0 times a stale NaN would still be NaN).
         let mut index = unit;
         while index < comptime![step_keys * head_dim] {
@@ -151,10 +135,10 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
             let e = index % head_dim;
             let mut k = F::new(0.0);
             let mut v = F::new(0.0);
-            if key < count {
-                let mut source = ((own_start + first + key) * kv_heads + kv_head) * head_dim + e;
-                if in_prefix {
-                    source = (kv_head * prefix_tokens + prefix_start + first + key) * head_dim + e;
+            if key < step.count {
+                let mut source = ((tile.own_start + step.first + key) * kv_heads + kv_head) * head_dim + e;
+                if step.in_prefix {
+                    source = (kv_head * prefix_tokens + tile.prefix_start + step.first + key) * head_dim + e;
                     k = prefix_keys[source];
                     v = prefix_values[source];
                 } else {
@@ -175,24 +159,7 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
         // 3. Masks and online softmax, one unit per row: visible keys are `from..to`, all
         //    staged keys of a prefix step, and of an own step those in `item start..=token`.
         if unit < rows {
-            let mut from = 0;
-            let mut to = count;
-            if !in_prefix {
-                let step_start = own_start + first;
-                let token = row_tokens[unit] as usize;
-                let item_start = row_item_starts[unit] as usize;
-                from = 0;
-                if item_start > step_start {
-                    from = item_start - step_start;
-                }
-                to = 0;
-                if token >= step_start {
-                    to = token - step_start + 1;
-                    if to > count {
-                        to = count;
-                    }
-                }
-            }
+            let (from, to) = visible_keys(&tile, &step, row_item_starts[unit] as usize, row_tokens[unit] as usize);
             let base = unit * step_keys;
             let mut step_max = f32::new(NO_SCORE);
             #[unroll]
