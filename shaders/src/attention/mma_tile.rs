@@ -151,7 +151,7 @@ impl TileMath for MmaTile {
             for step in 0..comptime![head_dim / 16] {
                 let a = a_from_registers::<F>(def, query, step * per_step);
                 // B is keysᵀ: element (dimension, key).
-                let b = b_from_shared::<F>(def, lane, staged_keys, block * 8 * head_dim + step * 16, 1, head_dim);
+                let b = b_from_shared::<F>(def, lane, staged_keys, block * 8 * head_dim + step * 16, 1usize, head_dim);
                 def.execute_inplace(&a, &b, &mut product);
             }
             #[unroll]
@@ -198,7 +198,7 @@ impl TileMath for MmaTile {
                     product[i] = pair;
                 }
                 // B is the values: element (key, dimension).
-                let b = b_from_shared::<F>(def, lane, values, step * KEY_BLOCK * head_dim + block * 8, head_dim, 1);
+                let b = b_from_shared::<F>(def, lane, values, step * KEY_BLOCK * head_dim + block * 8, head_dim, 1usize);
                 def.execute_inplace(&a, &b, &mut product);
                 #[unroll]
                 for i in 0..c_vectors {
