@@ -115,6 +115,10 @@ pub struct ServeArgs {
     /// Face repo id (downloaded into the HF cache once, then used offline).
     #[arg(long)]
     pub model: String,
+    /// The names the server answers to (`model` in requests, `/v1/models`), as vLLM's and
+    /// SGLang's flag: the first is the one responses carry. Default: the model's own name.
+    #[arg(long, num_args = 1.., value_name = "NAME")]
+    pub served_model_name: Vec<String>,
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// Port to listen on; 0 picks a free one (the log says which).

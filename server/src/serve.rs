@@ -50,6 +50,8 @@ impl WithBackend for ServeArgs {
 
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Self::Output> {
         let (dir, name) = crate::hub::resolve_model(&self.model)?;
+        let served_names = if self.served_model_name.is_empty() { vec![name] } else { self.served_model_name.clone() };
+        let name = served_names[0].clone();
         let mut scorer = crate::loading::load_scorer::<B>(&dir, &device, self.prefix_cache_mib << 20, self.max_batch_tokens, self.device.routes())?.with_model_name(name);
         let max_batch_tokens = scorer.max_pass_tokens();
         if self.device.backend != BackendKind::Cpu && !self.no_warmup {
@@ -72,7 +74,7 @@ impl WithBackend for ServeArgs {
         };
         tracing::info!(model = %dir.display(), backend = ?std::any::type_name::<B>(), "model loaded");
         let auth = AuthConfig { api_key: self.api_key.clone().filter(|key| !key.is_empty()), protect_health_and_metrics: self.protect_health_and_metrics };
-        let state = AppState::new(scheduler, preparer, rerank, limits, auth);
+        let state = AppState::new(scheduler, preparer, rerank, limits, auth, served_names);
         Ok((state, format!("{}:{}", self.host, self.port), self.cors_allow_origin.clone()))
     }
 }

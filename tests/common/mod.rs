@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod gpu;
+pub mod server;
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -19,9 +19,9 @@ pub mod tokenizer;
 pub mod warmup;
 
 pub use prepare::{RequestError, RequestPreparer};
-pub use rerank::{RerankSetupError, RerankTemplate, Reranker};
+pub use rerank::{RerankSetupError, RerankTemplate, Reranker, Truncation};
 pub use scheduler::{ScheduleError, Scheduler, SchedulerOptions};
 pub use scorer::{EngineError, Scorer, ScorerOptions};
 pub use stats::{EngineStats, Histogram};
-pub use tokenizer::{PromptPart, TextTokenizer};
+pub use tokenizer::{PromptPart, TextTokenizer, TruncationSide};
 pub use warmup::{warmup_steps, WarmupStep};

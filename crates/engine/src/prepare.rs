@@ -16,6 +16,8 @@ pub enum RequestError {
     NoTokenizer(String),
     #[error(transparent)]
     Tokenize(#[from] TokenizerError),
+    #[error("the prompt's query side is {query_tokens} tokens and an empty document's side {template_tokens}: no document fits in {budget} tokens (only documents are truncated; shorten the query or the instruction)")]
+    NoRoomForDocument { query_tokens: usize, template_tokens: usize, budget: usize },
 }
 
 #[derive(Clone)]

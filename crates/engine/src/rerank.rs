@@ -6,10 +6,10 @@
 //! (query, instruction, documents) is tokenized as text: a `<|im_end|>` inside a document stays
 //! characters, it cannot end the template's turn.
 
-use tally_core::{Items, Query, ScoreInput, ScoreRequest};
+use tally_core::ScoreInput;
 
 use crate::prepare::{RequestError, RequestPreparer};
-use crate::tokenizer::PromptPart;
+use crate::tokenizer::{PromptPart, TextTokenizer, TruncationSide};
 
 pub const QWEN3_RERANKER_QUERY: &str = "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Instruct>: {instruction}\n<Query>: {query}\n";
 pub const QWEN3_RERANKER_DOCUMENT: &str = "<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
@@ -28,16 +28,18 @@ pub struct RerankTemplate {
     pub no: String,
 }
 
-impl Default for RerankTemplate {
-    fn default() -> Self {
-        RerankTemplate {
-            query: QWEN3_RERANKER_QUERY.into(),
-            document: QWEN3_RERANKER_DOCUMENT.into(),
-            instruction: QWEN3_RERANKER_INSTRUCTION.into(),
-            yes: "yes".into(),
-            no: "no".into(),
-        }
-    }
+/// How over-long documents are cut to fit, as rerank clients ask for it (Cohere's
+/// `max_tokens_per_doc`, vLLM's `truncate_prompt_tokens`, TEI's `truncate`). Only document text
+/// gives way: the template and the query never do, since a prompt without its instruction or
+/// its closing turn is no longer the question the model was trained to answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Truncation {
+    /// Tokens each document's own text may keep, before templating.
+    pub document_tokens: Option<usize>,
+    /// Tokens each whole prompt (template, query and document together) may have.
+    pub prompt_tokens: Option<usize>,
+    /// The end of a document that gives way.
+    pub side: TruncationSide,
 }
 
 /// Why a model cannot rerank with a template.
@@ -72,25 +74,39 @@ impl Reranker {
 
     /// The validated score input for `query` and `documents`: the query side is the prefix,
     /// each document side an item, and the labels `[yes, no]` with softmax over the two, which
-    /// is exactly P(yes) / (P(yes) + P(no)).
-    pub fn prepare(&self, query: &str, instruction: Option<&str>, documents: &[&str]) -> Result<ScoreInput, RequestError> {
+    /// is exactly P(yes) / (P(yes) + P(no)). Documents are cut as `truncation` says.
+    pub fn prepare(&self, query: &str, instruction: Option<&str>, documents: &[&str], truncation: Truncation) -> Result<ScoreInput, RequestError> {
         let tokenizer = self.preparer.tokenizer()?;
         let instruction = instruction.unwrap_or(&self.template.instruction);
         let query_parts = fill(&self.template.query, &[("{instruction}", instruction), ("{query}", query)]);
         let query_ids = tokenizer.encode_prompt(&query_parts, true)?;
-        let item_ids = documents
-            .iter()
-            .map(|document| tokenizer.encode_prompt(&fill(&self.template.document, &[("{document}", document)]), false))
-            .collect::<Result<Vec<_>, _>>()?;
-        let request = ScoreRequest {
-            query: Query::Ids(query_ids),
-            items: Items::Ids(item_ids),
-            label_token_ids: self.labels.to_vec(),
-            apply_softmax: true,
-            item_first: false,
-            model: None,
+        let item_ids = documents.iter().map(|document| self.document_ids(tokenizer, query_ids.len(), document, truncation)).collect::<Result<Vec<_>, _>>()?;
+        Ok(ScoreInput::new(&query_ids, &item_ids, &self.labels, true, false, self.preparer.limits())?)
+    }
+
+    /// The document side of the prompt for `document`, cut to `truncation`.
+    fn document_ids(&self, tokenizer: &TextTokenizer, query_tokens: usize, document: &str, truncation: Truncation) -> Result<Vec<i64>, RequestError> {
+        let encode = |document: &str| tokenizer.encode_prompt(&fill(&self.template.document, &[("{document}", document)]), false);
+        let mut document = match truncation.document_tokens {
+            Some(tokens) => tokenizer.truncate_text(document, tokens, truncation.side)?,
+            None => document,
         };
-        self.preparer.prepare(&request)
+        let mut ids = encode(document)?;
+        let Some(budget) = truncation.prompt_tokens else {
+            return Ok(ids);
+        };
+        // Cut by the excess, then check again: a merge across the template's edge or the cut
+        // can cost a token more than counted.
+        let mut keep = tokenizer.count_text(document)?;
+        while query_tokens + ids.len() > budget {
+            if keep == 0 {
+                return Err(RequestError::NoRoomForDocument { query_tokens, template_tokens: ids.len(), budget });
+            }
+            keep = keep.saturating_sub(query_tokens + ids.len() - budget);
+            document = tokenizer.truncate_text(document, keep, truncation.side)?;
+            ids = encode(document)?;
+        }
+        Ok(ids)
     }
 }
 
@@ -112,7 +128,63 @@ fn fill<'a>(template: &'a str, values: &[(&str, &'a str)]) -> Vec<PromptPart<'a>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tally_core::ModelLimits;
     use PromptPart::{Template, Text};
+
+    /// The Qwen3-Reranker template over the real Qwen3 tokenizer (the `wide-vocab` fixture's).
+    fn qwen3_reranker() -> Reranker {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/wide-vocab/tokenizer.json");
+        let tokenizer = TextTokenizer::from_file(&path).unwrap();
+        let preparer = RequestPreparer::new(Some(tokenizer), ModelLimits { vocab_size: 151_936, max_positions: 4096 }, "qwen3".into());
+        let template = RerankTemplate {
+            query: QWEN3_RERANKER_QUERY.into(),
+            document: QWEN3_RERANKER_DOCUMENT.into(),
+            instruction: QWEN3_RERANKER_INSTRUCTION.into(),
+            yes: "yes".into(),
+            no: "no".into(),
+        };
+        Reranker::new(template, &preparer).unwrap()
+    }
+
+    #[test]
+    fn truncation_cuts_documents_only_and_fits_every_prompt() {
+        let reranker = qwen3_reranker();
+        let long = "Paris is the capital and largest city of France, on the Seine. ".repeat(20);
+        let japanese = "東京は日本の首都です。".repeat(30);
+        let documents = [long.as_str(), "Short one.", japanese.as_str()];
+        let whole = reranker.prepare("capital of France", None, &documents, Truncation::default()).unwrap();
+        let query_tokens = whole.query.len();
+        let template_tokens = reranker.prepare("capital of France", None, &["x"], Truncation::default()).unwrap().items[0].len();
+        for budget in [query_tokens + template_tokens, query_tokens + template_tokens + 1, query_tokens + 60, query_tokens + 200] {
+            for side in [TruncationSide::Left, TruncationSide::Right] {
+                let truncation = Truncation { prompt_tokens: Some(budget), side, ..Truncation::default() };
+                let cut = reranker.prepare("capital of France", None, &documents, truncation).unwrap();
+                assert_eq!(cut.query, whole.query, "the query side never gives way");
+                for (index, (item, original)) in cut.items.iter().zip(&whole.items).enumerate() {
+                    assert!(query_tokens + item.len() <= budget, "budget {budget} {side:?}: document {index} is {} tokens", item.len());
+                    if query_tokens + original.len() <= budget {
+                        assert_eq!(item, original, "a document that fits is untouched");
+                    } else {
+                        // Within a token or two of the budget: cut by the excess, not far past it.
+                        assert!(query_tokens + item.len() + 2 >= budget, "budget {budget} {side:?}: document {index} cut to {}", item.len());
+                        // The template's closing turn (the last 6 tokens) survives every cut.
+                        assert_eq!(item[item.len() - 6..], original[original.len() - 6..]);
+                    }
+                }
+            }
+        }
+        // The side asked for: Right keeps the document's opening words, Left its last.
+        let opening = |side| {
+            let truncation = Truncation { document_tokens: Some(3), side, ..Truncation::default() };
+            reranker.prepare("q", None, &["one two three four five"], truncation).unwrap().items[0].clone()
+        };
+        let expected = |text: &str| reranker.prepare("q", None, &[text], Truncation::default()).unwrap().items[0].clone();
+        assert_eq!(opening(TruncationSide::Right), expected("one two three"));
+        assert_eq!(opening(TruncationSide::Left), expected("three four five"));
+
+        let too_tight = Truncation { prompt_tokens: Some(query_tokens + 3), ..Truncation::default() };
+        assert!(matches!(reranker.prepare("capital of France", None, &documents, too_tight), Err(RequestError::NoRoomForDocument { .. })));
+    }
 
     #[test]
     fn fill_substitutes_each_placeholder_once_as_text() {

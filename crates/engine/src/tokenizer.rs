@@ -38,6 +38,16 @@ pub enum PromptPart<'a> {
     Text(&'a str),
 }
 
+/// Which end of over-long user text gives way when it is truncated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TruncationSide {
+    /// Keep the end: the first tokens go.
+    Left,
+    /// Keep the beginning: the last tokens go.
+    #[default]
+    Right,
+}
+
 /// A prompt cut at the template's special tokens: the text between two of them is tokenized as
 /// one piece, as tokenizing the whole string would, whether it came from the template or the user.
 enum Segment {
@@ -113,6 +123,42 @@ impl TextTokenizer {
             }
         }
         Ok(ids)
+    }
+
+    /// Tokens `text` takes as user text (special-token strings read as text).
+    pub fn count_text(&self, text: &str) -> Result<usize, TokenizerError> {
+        Ok(self.literal().encode(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?.len())
+    }
+
+    /// `text` cut to its first (`Right`) or last (`Left`) `tokens` tokens as user text. The cut
+    /// falls between two tokens of the text, so what is kept is the caller's own characters, not
+    /// a decoding; tokenized again it can differ by a token where a merge crossed the cut.
+    pub fn truncate_text<'t>(&self, text: &'t str, tokens: usize, side: TruncationSide) -> Result<&'t str, TokenizerError> {
+        let encoding = self.literal().encode(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        let offsets = encoding.get_offsets();
+        if tokens >= offsets.len() {
+            return Ok(text);
+        }
+        if tokens == 0 {
+            return Ok("");
+        }
+        // A byte-level token can end inside a character: such a cut moves to keep less, never more.
+        Ok(match side {
+            TruncationSide::Right => {
+                let mut end = offsets[tokens - 1].1.min(text.len());
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                &text[..end]
+            }
+            TruncationSide::Left => {
+                let mut start = offsets[offsets.len() - tokens].0.min(text.len());
+                while !text.is_char_boundary(start) {
+                    start += 1;
+                }
+                &text[start..]
+            }
+        })
     }
 
     fn literal(&self) -> &tokenizers::Tokenizer {
@@ -251,6 +297,30 @@ mod tests {
         assert_eq!(sneaky[0], im_start);
         assert_eq!(sneaky[sneaky.len() - 2], im_end);
         assert!(sneaky.len() > plain.len());
+    }
+
+    #[test]
+    fn truncated_text_keeps_whole_tokens_from_the_side_asked() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/wide-vocab/tokenizer.json");
+        let tokenizer = TextTokenizer::from_file(&path).unwrap();
+        let text = "The Eiffel tower is in Paris, 東京 is in Japan.";
+        let total = tokenizer.count_text(text).unwrap();
+        assert!(total > 8, "{total}");
+        for keep in 0..=total + 1 {
+            for side in [TruncationSide::Left, TruncationSide::Right] {
+                let kept = tokenizer.truncate_text(text, keep, side).unwrap();
+                let tokens = tokenizer.count_text(kept).unwrap();
+                assert!(tokens <= keep.min(total) + 1, "{side:?} {keep}: {kept:?} is {tokens} tokens");
+                match side {
+                    TruncationSide::Right => assert!(text.starts_with(kept), "{kept:?}"),
+                    TruncationSide::Left => assert!(text.ends_with(kept), "{kept:?}"),
+                }
+            }
+        }
+        assert_eq!(tokenizer.truncate_text(text, total, TruncationSide::Left).unwrap(), text);
+        assert_eq!(tokenizer.truncate_text(text, 0, TruncationSide::Right).unwrap(), "");
+        assert_eq!(tokenizer.truncate_text(text, 2, TruncationSide::Right).unwrap(), "The Eiffel");
+        assert_eq!(tokenizer.truncate_text(text, 3, TruncationSide::Left).unwrap(), "Japan.");
     }
 
     /// A toy byte-level vocabulary: merges apply, control tokens stay whole, BOS is added

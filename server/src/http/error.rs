@@ -99,6 +99,24 @@ impl ApiError {
     }
 }
 
+/// An [`ApiError`] in vLLM's shape (vLLM ≥ 0.10.1): `{"error": {message, type, param, code}}`,
+/// for the routes only vLLM's clients call.
+pub struct VllmError(pub ApiError);
+
+impl From<ApiError> for VllmError {
+    fn from(error: ApiError) -> Self {
+        VllmError(error)
+    }
+}
+
+impl IntoResponse for VllmError {
+    fn into_response(self) -> Response {
+        let error = &self.0;
+        let body = serde_json::json!({"error": {"message": error.message, "type": error.kind(), "param": error.param, "code": error.status.as_u16()}});
+        self.0.respond_with(body.to_string())
+    }
+}
+
 impl From<RequestError> for ApiError {
     fn from(error: RequestError) -> Self {
         let message = error.to_string();
@@ -108,6 +126,7 @@ impl From<RequestError> for ApiError {
             }
             RequestError::Invalid(invalid) => ApiError::new(StatusCode::BAD_REQUEST, message).with_param(invalid.param()),
             RequestError::NoTokenizer(_) | RequestError::Tokenize(_) => ApiError::new(StatusCode::BAD_REQUEST, message),
+            RequestError::NoRoomForDocument { .. } => ApiError::new(StatusCode::BAD_REQUEST, message).with_param("query"),
         }
     }
 }
@@ -125,6 +144,15 @@ impl From<ScheduleError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let body = self.to_json();
+        self.respond_with(body)
+    }
+}
+
+impl ApiError {
+    /// The error's response with `body`, a JSON document in the shape the route's clients
+    /// expect; logged, and headed (`Retry-After` on 503), as every API error is.
+    pub fn respond_with(self, body: String) -> Response {
         // Overload (503) and slow requests (504) are the client's to retry, not server faults.
         match self.status {
             StatusCode::SERVICE_UNAVAILABLE => {}
@@ -132,7 +160,7 @@ impl IntoResponse for ApiError {
             status if status.is_server_error() => tracing::error!(status = %status, "{}", self.message),
             _ => {}
         }
-        let mut response = (self.status, [(header::CONTENT_TYPE, "application/json")], self.to_json()).into_response();
+        let mut response = (self.status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
         }

@@ -3,11 +3,14 @@
 
 pub mod auth;
 pub mod error;
+pub mod generative;
 pub mod metrics;
 pub mod openapi;
+pub mod pairs;
 pub mod parse_errors;
 pub mod rerank;
 pub mod score;
+pub mod tei;
 pub mod web;
 
 use std::sync::Arc;
@@ -57,13 +60,16 @@ pub struct AppState {
     /// texts never stall the async runtime (and `/health`).
     tokenizing: Semaphore,
     auth: AuthConfig,
+    /// `--served-model-name`: the names requests may give; the first is the one answers carry.
+    served_names: Vec<String>,
 }
 
 impl AppState {
-    pub fn new(scheduler: Scheduler, preparer: RequestPreparer, rerank: Result<Arc<Reranker>, String>, limits: ServerLimits, auth: AuthConfig) -> Self {
+    pub fn new(scheduler: Scheduler, preparer: RequestPreparer, rerank: Result<Arc<Reranker>, String>, limits: ServerLimits, auth: AuthConfig, served_names: Vec<String>) -> Self {
+        assert!(!served_names.is_empty(), "a server answers to at least one name");
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let started = std::time::SystemTime::now();
-        AppState { scheduler, preparer, rerank, limits, metrics: HttpMetrics::default(), started, tokenizing: Semaphore::new(cores), auth }
+        AppState { scheduler, preparer, rerank, limits, metrics: HttpMetrics::default(), started, tokenizing: Semaphore::new(cores), auth, served_names }
     }
 
     /// Tokenizes and validates a request off the async runtime, after the cheap size checks.
@@ -96,17 +102,30 @@ impl AppState {
 
     /// Checks the server's size limits, queues the input, and waits for its scores.
     async fn score(&self, input: ScoreInput) -> Result<Vec<Vec<f64>>, ApiError> {
-        if input.prompt_tokens() > self.limits.max_tokens {
-            let message = format!("request has {} prompt tokens; this server takes at most {}", input.prompt_tokens(), self.limits.max_tokens);
+        self.submit(vec![input])?.pop().expect("one input, one answer").await
+    }
+
+    /// Checks the server's size limits on `inputs` together (one client request), queues them
+    /// all at once so the scheduler may batch them, and returns each one's answer to await.
+    fn submit(&self, inputs: Vec<ScoreInput>) -> Result<Vec<impl std::future::Future<Output = Result<Vec<Vec<f64>>, ApiError>>>, ApiError> {
+        let prompt_tokens: usize = inputs.iter().map(ScoreInput::prompt_tokens).sum();
+        if prompt_tokens > self.limits.max_tokens {
+            let message = format!("request has {prompt_tokens} prompt tokens; this server takes at most {}", self.limits.max_tokens);
             return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).with_param("items"));
         }
         let deadline = Instant::now() + self.limits.timeout;
-        let answer = self.scheduler.submit(input, deadline)?;
-        match tokio::time::timeout_at(deadline.into(), answer).await {
-            Ok(Ok(result)) => Ok(result?),
-            Ok(Err(_)) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down")),
-            Err(_) => Err(ApiError::new(StatusCode::GATEWAY_TIMEOUT, format!("request timed out after {:?}", self.limits.timeout))),
-        }
+        let timeout = self.limits.timeout;
+        let answers = inputs.into_iter().map(|input| self.scheduler.submit(input, deadline)).collect::<Result<Vec<_>, _>>()?;
+        Ok(answers
+            .into_iter()
+            .map(move |answer| async move {
+                match tokio::time::timeout_at(deadline.into(), answer).await {
+                    Ok(Ok(result)) => Ok(result?),
+                    Ok(Err(_)) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down")),
+                    Err(_) => Err(ApiError::new(StatusCode::GATEWAY_TIMEOUT, format!("request timed out after {timeout:?}"))),
+                }
+            })
+            .collect())
     }
 
     fn check_items(&self, items: usize) -> Result<(), ApiError> {
@@ -117,15 +136,30 @@ impl AppState {
         Ok(())
     }
 
-    /// The name responses carry: the served model's. Like vLLM, a request naming another model
-    /// gets 404 rather than an answer from this one under that name.
+    /// The name responses carry: the first served name, as vLLM answers. Like vLLM, a request
+    /// naming a model this server does not serve gets 404 rather than an answer under that name.
     fn model_name(&self, requested: Option<&str>) -> Result<String, ApiError> {
-        let served = self.preparer.model_name();
         match requested {
-            Some(name) if name != served => {
-                Err(ApiError::new(StatusCode::NOT_FOUND, format!("the model `{name}` does not exist; this server serves `{served}`")).with_param("model"))
+            Some(name) if !self.served_names.iter().any(|served| served == name) => {
+                let served = self.served_names.iter().map(|name| format!("`{name}`")).collect::<Vec<_>>().join(", ");
+                Err(ApiError::new(StatusCode::NOT_FOUND, format!("the model `{name}` does not exist; this server serves {served}")).with_param("model"))
             }
-            _ => Ok(served.to_owned()),
+            _ => Ok(self.served_names[0].clone()),
+        }
+    }
+
+    /// The prompt budget a client's `truncate_prompt_tokens` asks for (vLLM's meaning: `-1` is
+    /// the model's context length; more than that is an error, not a silent cap).
+    fn prompt_budget(&self, asked: Option<i64>, param: &str) -> Result<Option<usize>, ApiError> {
+        let max_positions = self.preparer.limits().max_positions;
+        match asked {
+            None => Ok(None),
+            Some(-1) => Ok(Some(max_positions)),
+            Some(tokens) if tokens >= 1 && tokens as u64 <= max_positions as u64 => Ok(Some(tokens as usize)),
+            Some(tokens) => {
+                let message = format!("`{param}` is {tokens}: it must be -1 (the model's context length) or from 1 to {max_positions}");
+                Err(ApiError::new(StatusCode::BAD_REQUEST, message).with_param(param))
+            }
         }
     }
 
@@ -138,13 +172,30 @@ impl AppState {
     }
 }
 
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A body as a JSON object, for routes that tell their clients apart by the fields they send.
+fn fields(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+    serde_json::from_slice(body).map_err(ApiError::malformed)
+}
+
+/// `fields` as the request type the route found them to be.
+fn parse<T: serde::de::DeserializeOwned>(fields: serde_json::Map<String, serde_json::Value>) -> Result<T, ApiError> {
+    serde_json::from_value(serde_json::Value::Object(fields)).map_err(ApiError::malformed)
+}
+
 /// The routes, metrics, size limit and API keys; `cors` lets browser pages on those origins
 /// call the API (`*` for any); `web`, the browser page's directory, is served at `/web/`.
 pub fn router(state: Arc<AppState>, cors: &[String], web: Option<&std::path::Path>) -> Router {
     let api = Router::new()
         .route("/v1/score", post(score::score))
+        .route("/score", post(score::score))
         .route("/v1/rerank", post(rerank::rerank))
         .route("/rerank", post(rerank::rerank))
+        .route("/v2/rerank", post(rerank::rerank_v2))
+        .route("/generative_scoring", post(generative::generative_scoring))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics::render))
@@ -194,22 +245,27 @@ fn cors_layer(origins: &[String]) -> CorsLayer {
     }
 }
 
-/// The served model, with its context length and vocabulary size.
+/// The served model under each of its names, with its context length and vocabulary size.
 #[utoipa::path(get, tag = "service", path = "/v1/models", responses((status = 200, description = "OpenAI-style model list")))]
 async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     let created = state.started.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let limits = state.preparer.limits();
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.preparer.model_name(),
-            "object": "model",
-            "created": created,
-            "owned_by": "tally",
-            "max_model_len": limits.max_positions,
-            "vocab_size": limits.vocab_size,
-        }],
-    }))
+    let models: Vec<_> = state
+        .served_names
+        .iter()
+        .map(|name| {
+            json!({
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "tally",
+                "root": state.served_names[0],
+                "max_model_len": limits.max_positions,
+                "vocab_size": limits.vocab_size,
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": models}))
 }
 
 /// Liveness: answers while the server runs, also under load.

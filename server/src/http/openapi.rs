@@ -10,7 +10,7 @@ use utoipa::OpenApi;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "tally", description = "Scoring engine for decoder LLMs (SGLang /v1/score compatible)."),
-    paths(super::score::score, super::rerank::rerank, super::models, super::health, super::metrics::render),
+    paths(super::score::score, super::rerank::rerank, super::rerank::rerank_v2, super::generative::generative_scoring, super::models, super::health, super::metrics::render),
     components(schemas(super::error::ErrorBody))
 )]
 struct ApiDoc;
@@ -19,12 +19,15 @@ pub fn document() -> &'static Document {
     static DOCUMENT: OnceLock<Document> = OnceLock::new();
     DOCUMENT.get_or_init(|| {
         let mut document = ApiDoc::openapi();
-        // `/rerank` is the same endpoint as `/v1/rerank` (Cohere- and Jina-style clients call it).
-        if let Some(mut rerank) = document.paths.paths.get("/v1/rerank").cloned() {
-            if let Some(post) = rerank.post.as_mut() {
-                post.operation_id = Some("rerank_unversioned".into());
+        // `/rerank` and `/score` are the same endpoints as `/v1/rerank` and `/v1/score` (TEI's
+        // and vLLM's clients call them unversioned).
+        for (versioned, unversioned) in [("/v1/rerank", "/rerank"), ("/v1/score", "/score")] {
+            if let Some(mut item) = document.paths.paths.get(versioned).cloned() {
+                if let Some(post) = item.post.as_mut() {
+                    post.operation_id = post.operation_id.take().map(|id| format!("{id}_unversioned"));
+                }
+                document.paths.paths.insert(unversioned.into(), item);
             }
-            document.paths.paths.insert("/rerank".into(), rerank);
         }
         document
     })
