@@ -96,7 +96,7 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
         "multi_item_ms": multi_item_ms,
         "dense_masked_ms": dense_ms,
         "tiled_ms": tiled_ms,
-        "tile": format!("{}x{}", tile.rows, tile.keys),
+        "tile": tile.to_string(),
         "cascade_ms": cascade_ms,
         "kernel_plan_ms": kernel_plan_ms,
         "cascade_plan_ms": cascade_plan_ms,

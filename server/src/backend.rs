@@ -49,14 +49,13 @@ pub enum Attention {
     Cascade,
 }
 
-
 /// How the layers' elementwise steps run (`tally_model::ElementwiseRoute`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Elementwise {
     /// Burn's ops (fused by Burn's fusion layer on wgpu and CUDA).
     Burn,
-    /// tally's fused kernels on wgpu and CUDA: residual add + RMSNorm, the q/k norms and
-    /// `silu(gate) · up`, one launch each; Burn's ops on the CPU.
+    /// tally's fused kernels on wgpu and CUDA: residual add + RMSNorm, the q/k norm with RoPE,
+    /// and `silu(gate) · up`, one launch each; Burn's ops on the CPU.
     Kernels,
 }
 
@@ -110,16 +109,16 @@ impl DeviceArgs {
     pub fn routes(&self) -> Routes {
         let attention = match self.attention {
             Attention::Kernel => tally_model::AttentionRoute::Kernel,
-            // Both sizes are among those listed above, so the shape exists.
-            Attention::Tiled => tally_model::AttentionRoute::Tiled(tally_model::TileShape::new(self.tile_rows, self.tile_keys).unwrap_or_default()),
+            Attention::Tiled => tally_model::AttentionRoute::Tiled(self.tile()),
             Attention::Cascade => tally_model::AttentionRoute::Cascade,
         };
         Routes { attention, elementwise: self.elementwise.into() }
     }
 
-    /// `ROWSxKEYS` of the tiled kernel's tile.
-    pub fn tile_shape(&self) -> String {
-        format!("{}x{}", self.tile_rows, self.tile_keys)
+    /// The tiled kernel's tile (`--tile-rows`, `--tile-keys`).
+    pub fn tile(&self) -> tally_model::TileShape {
+        // Both sizes are among those the flags list, so the shape exists.
+        tally_model::TileShape::new(self.tile_rows, self.tile_keys).unwrap_or_default()
     }
 }
 

@@ -47,12 +47,12 @@ impl WithBackend for AttentionCommand {
     type Output = Value;
 
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Value> {
-        let tile = tally_model::TileShape::new(self.device.tile_rows, self.device.tile_keys).unwrap_or_default();
+        let tile = self.device.tile();
         tally_bench::attention::run::<B>(&self.bench, device, &runs_on(self.device), tile)
     }
 }
 
 fn runs_on(device: DeviceArgs) -> RunsOn {
     let name = |value: &dyn std::fmt::Debug| format!("{value:?}").to_lowercase();
-    RunsOn { backend: name(&device.backend), dtype: name(&device.dtype), attention: name(&device.attention), elementwise: name(&device.elementwise), tile: device.tile_shape(), matmul: name(&device.matmul), device: device_name(device.backend) }
+    RunsOn { backend: name(&device.backend), dtype: name(&device.dtype), attention: name(&device.attention), elementwise: name(&device.elementwise), tile: device.tile().to_string(), matmul: name(&device.matmul), device: device_name(device.backend) }
 }

@@ -101,19 +101,8 @@ fn add_rms_norm_kernel<F: Float>(
         i += units;
     }
 
-    // Tree reduction of the units' partial sums.
     let mut partials = SharedMemory::<f32>::new(units);
-    partials[unit] = squares;
-    sync_cube();
-    let mut stride = CUBE_DIM_X as usize / 2;
-    while stride > 0 {
-        if unit < stride {
-            partials[unit] += partials[unit + stride];
-        }
-        sync_cube();
-        stride /= 2;
-    }
-    let inverse_rms = f32::new(1.0) / f32::sqrt(partials[0] / f32::new(comptime![width as f32]) + eps);
+    let inverse_rms = inverse_rms(&mut partials, squares, eps, width);
 
     let mut i = unit;
     while i < width {
@@ -124,4 +113,23 @@ fn add_rms_norm_kernel<F: Float>(
         normed[base + i] = F::cast_from(value * inverse_rms * f32::cast_from(gain[i]));
         i += units;
     }
+}
+
+/// `1 / sqrt(Σ squares / width + eps)` over the cube: each unit brings its partial sum of
+/// squares, `partials` (one slot a unit; the cube a power of two) is reduced as a tree, and
+/// every unit gets the result. `partials` is read by every unit on return: sync before reusing it.
+#[cube]
+pub(crate) fn inverse_rms(partials: &mut SharedMemory<f32>, squares: f32, eps: f32, #[comptime] width: usize) -> f32 {
+    let unit = UNIT_POS_X as usize;
+    partials[unit] = squares;
+    sync_cube();
+    let mut stride = CUBE_DIM_X as usize / 2;
+    while stride > 0 {
+        if unit < stride {
+            partials[unit] += partials[unit + stride];
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    f32::new(1.0) / f32::sqrt(partials[0] / f32::new(comptime![width as f32]) + eps)
 }

@@ -13,6 +13,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 
 use crate::grid::{cube_index, cubes};
+use crate::rms_norm::inverse_rms;
 
 /// `rope(rms_norm(x) · gain)` for `x: [tokens, heads, head_dim]` (strided as it comes), or
 /// `rope(x)` without `gain`. `cos`, `sin`: `[tokens, 1, head_dim]` (transformers' rotate-half
@@ -81,17 +82,7 @@ fn norm_rope_kernel<F: Float>(
     // The units past `head_dim` (a power-of-two cube) add zeros.
     let mut shared = SharedMemory::<f32>::new(comptime![head_dim.next_power_of_two()]);
     if comptime![norm] {
-        shared[unit] = value * value;
-        sync_cube();
-        let mut stride = CUBE_DIM_X as usize / 2;
-        while stride > 0 {
-            if unit < stride {
-                shared[unit] += shared[unit + stride];
-            }
-            sync_cube();
-            stride /= 2;
-        }
-        let inverse_rms = f32::new(1.0) / f32::sqrt(shared[0] / f32::new(comptime![head_dim as f32]) + eps);
+        let inverse_rms = inverse_rms(&mut shared, value * value, eps, head_dim);
         if active {
             value = value * inverse_rms * f32::cast_from(gain[unit]);
         }

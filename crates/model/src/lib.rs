@@ -14,7 +14,7 @@
 //! - [`backend`]: the hot paths as backend operations ([`ScoringBackend`]):
 //!   - [`attention`]: multi-item attention (query + per-item causal) in plain Burn ops;
 //!   - [`lm_head`]: label logits and the streamed full-vocabulary log-sum-exp, plain Burn;
-//!   - [`elementwise`]: residual add + RMSNorm and SwiGLU's product, plain Burn;
+//!   - [`elementwise`]: residual add + RMSNorm, q/k norm + RoPE and SwiGLU's product, plain Burn;
 //!   - `cube` (feature `cubecl`): the same two on CubeCL backends, with tally-shaders' kernels.
 //! - [`presets`] / [`random`]: released shapes and seeded random checkpoints for benchmarks.
 

@@ -20,14 +20,14 @@ pub enum AttentionRoute {
     Cascade,
 }
 
-/// How the layers' elementwise steps (residual add + RMSNorm, the q/k norms, `silu(gate) · up`)
-/// run when the hot paths are the backend's.
+/// How the layers' elementwise steps (residual add + RMSNorm, the q/k norm with RoPE,
+/// `silu(gate) · up`) run when the hot paths are the backend's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ElementwiseRoute {
     /// Burn's ops, which Burn's fusion layer fuses on `--backend wgpu|cuda`.
     #[default]
     Burn,
     /// The backend's fused kernels (tally-shaders on CubeCL backends; Burn's ops on the CPU):
-    /// one launch per residual add + norm and per SwiGLU, each row read once.
+    /// one launch per residual add + norm, per q/k rotation and per SwiGLU, each row read once.
     Kernels,
 }

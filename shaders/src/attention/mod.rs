@@ -63,6 +63,13 @@ impl Default for TileShape {
     }
 }
 
+/// `ROWSxKEYS`, as the flags and results spell it.
+impl std::fmt::Display for TileShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}", self.rows, self.keys)
+    }
+}
+
 impl TileShape {
     /// Rows per cube a tile may have: 1, 2, 4 or 8 planes of 16.
     pub const ROWS: [usize; 4] = [16, 32, 64, 128];
@@ -195,16 +202,14 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         }
         let client = self.queries.client.clone();
         let dtype = self.queries.dtype;
-        let tile_math = match tiles.kernel {
-            AttentionKernel::Tiled(shape) if !shape.fits(&client, head_dim, dtype) => None,
-            AttentionKernel::Tiled(_) if head_dim.is_multiple_of(16) && tensor_core_tiles(&client, dtype) => Some(TileMath::Mma),
-            AttentionKernel::Tiled(_) if head_dim.is_multiple_of(2) => Some(TileMath::Register),
-            // The row kernel takes any tile it is given, whatever it was cut for.
+        // The tiled kernel where its tile fits this call, with tensor cores where they take it;
+        // else the row kernel, which takes any tile it is given, whatever it was cut for.
+        let tiled = match tiles.kernel {
+            AttentionKernel::Tiled(shape) if head_dim.is_multiple_of(2) && shape.fits(&client, head_dim, dtype) => {
+                let math = if head_dim.is_multiple_of(16) && tensor_core_tiles(&client, dtype) { TileMath::Mma } else { TileMath::Register };
+                Some((math, shape))
+            }
             _ => None,
-        };
-        let shape = match tiles.kernel {
-            AttentionKernel::Tiled(shape) => shape,
-            AttentionKernel::Rows => TileShape::default(),
         };
         let (queries, keys, values) = (into_contiguous(self.queries), into_contiguous(self.keys), into_contiguous(self.values));
         let (prefix_keys, prefix_values) = (into_contiguous(self.prefix_keys), into_contiguous(self.prefix_values));
@@ -233,10 +238,9 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
                 )
             };
         }
-        let tiled_units = shape.rows / tiled::ROWS_PER_PLANE * tiled::LANES;
-        match tile_math {
-            Some(TileMath::Mma) => launch!(tiled::tiled_attention_kernel::launch::<mma_tile::MmaTile, R>, tiled_units, shape.rows, shape.keys),
-            Some(TileMath::Register) => launch!(tiled::tiled_attention_kernel::launch::<register_tile::RegisterTile, R>, tiled_units, shape.rows, shape.keys),
+        match tiled {
+            Some((TileMath::Mma, shape)) => launch!(tiled::tiled_attention_kernel::launch::<mma_tile::MmaTile, R>, tiled::units_per_cube(shape), shape.rows, shape.keys),
+            Some((TileMath::Register, shape)) => launch!(tiled::tiled_attention_kernel::launch::<register_tile::RegisterTile, R>, tiled::units_per_cube(shape), shape.rows, shape.keys),
             None => launch!(rows::row_attention_kernel::launch::<R>, tiles.tokens_per_tile * tiles.group),
         }
     }

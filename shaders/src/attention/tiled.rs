@@ -55,6 +55,11 @@ pub(super) trait TileMath: 'static + Send + Sync {
     fn store<F: Float>(output: &Array<f32>, sums: &SharedMemory<f32>, row_offsets: &SharedMemory<u32>, out: &mut Tensor<F>, #[comptime] head_dim: usize);
 }
 
+/// Units of a cube of `shape`: a plane of 32 per 16 rows.
+pub(super) fn units_per_cube(shape: super::TileShape) -> usize {
+    shape.rows / ROWS_PER_PLANE * LANES
+}
+
 /// The first of this unit's plane's rows in the cube, and the unit's lane in its plane.
 #[cube]
 pub(super) fn plane_and_lane() -> (usize, usize) {
@@ -148,7 +153,7 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
             }
             tile_keys[index] = k;
             tile_values[index] = v;
-            index += comptime![rows / ROWS_PER_PLANE * LANES];
+            index += CUBE_DIM_X as usize;
         }
         sync_cube();
 
