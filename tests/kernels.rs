@@ -27,66 +27,38 @@ fn check_attention(case: Case, seed: u64) {
 }
 
 
-#[test]
 fn attention_one_token_prefix_and_tile_edge_items() {
-    if !gpu::gpu_or_skip("attention_one_token_prefix_and_tile_edge_items") {
-        return;
-    }
     // Items of 1, 17 and 65 tokens straddle the 16-key tiles and 64-row cubes.
     check_attention(Case { groups: vec![(1, vec![1, 17, 65, 2])], q_heads: 4, kv_heads: 4, head_dim: 16 }, 1);
 }
 
-#[test]
 fn attention_long_prefix_gqa4_head_dim_64() {
-    if !gpu::gpu_or_skip("attention_long_prefix_gqa4_head_dim_64") {
-        return;
-    }
     check_attention(Case { groups: vec![(2050, vec![20, 7, 65, 1, 33])], q_heads: 8, kv_heads: 2, head_dim: 64 }, 2);
 }
 
-#[test]
 fn attention_qwen3_heads_head_dim_128_several_groups() {
-    if !gpu::gpu_or_skip("attention_qwen3_heads_head_dim_128_several_groups") {
-        return;
-    }
     // Qwen3-0.6B's heads (16 q / 8 kv, head_dim 128); groups with different prefixes, one empty.
     check_attention(Case { groups: vec![(2020, vec![20, 20, 3]), (0, vec![5, 1]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128 }, 3);
 }
 
-#[test]
 fn attention_500_uneven_items() {
-    if !gpu::gpu_or_skip("attention_500_uneven_items") {
-        return;
-    }
     let items: Vec<usize> = (0..500).map(|i| 1 + (i * 7) % 23).collect();
     check_attention(Case { groups: vec![(130, items)], q_heads: 4, kv_heads: 2, head_dim: 16 }, 4);
 }
 
-#[test]
 fn attention_query_prefill_is_one_causal_item() {
-    if !gpu::gpu_or_skip("attention_query_prefill_is_one_causal_item") {
-        return;
-    }
     // How the query itself runs: one item, no prefix (the first chunk) or the earlier chunks.
     check_attention(Case { groups: vec![(0, vec![300])], q_heads: 2, kv_heads: 1, head_dim: 64 }, 5);
     check_attention(Case { groups: vec![(512, vec![129])], q_heads: 2, kv_heads: 1, head_dim: 64 }, 6);
 }
 
-#[test]
 fn attention_tiles_mix_whole_items_and_pieces_of_long_ones() {
-    if !gpu::gpu_or_skip("attention_tiles_mix_whole_items_and_pieces_of_long_ones") {
-        return;
-    }
     // 64-token tiles at GQA 2: short items share tiles, a 150-token item is cut in three and
     // the next item shares its last piece's tile; a group boundary closes a tile.
     check_attention(Case { groups: vec![(9, vec![3, 150, 5, 30, 64, 1]), (4, vec![2, 2])], q_heads: 4, kv_heads: 2, head_dim: 16 }, 8);
 }
 
-#[test]
 fn attention_just_under_at_and_past_the_tiled_kernels_tiles() {
-    if !gpu::gpu_or_skip("attention_just_under_at_and_past_the_tiled_kernels_tiles") {
-        return;
-    }
     // The tiled kernel's sizes: 16 keys a step, 16 rows a plane, 64 rows a cube (16 tokens at
     // GQA 4, 64 at GQA 1), so prefixes and items of 15/16/17 and 63/64/65 tokens; a GQA group
     // of 3 leaves a cube's last row empty (21 tokens × 3), one of 64 fills a cube with a token.
@@ -96,11 +68,7 @@ fn attention_just_under_at_and_past_the_tiled_kernels_tiles() {
     check_attention(Case { groups: vec![(33, vec![2, 3])], q_heads: 64, kv_heads: 1, head_dim: 16 }, 14);
 }
 
-#[test]
 fn attention_every_tile_shape() {
-    if !gpu::gpu_or_skip("attention_every_tile_shape") {
-        return;
-    }
     // Items across every tile size's edges (16/17, 31/33, 64/65, 130), two prefixes.
     let case = Case { groups: vec![(40, vec![16, 17, 33, 1, 64, 65, 130]), (1, vec![31, 2])], q_heads: 4, kv_heads: 2, head_dim: 32 };
     let expected = case.expected(21);
@@ -118,11 +86,7 @@ fn attention_every_tile_shape() {
     }
 }
 
-#[test]
 fn attention_through_the_fusion_backend_matches() {
-    if !gpu::gpu_or_skip("attention_through_the_fusion_backend_matches") {
-        return;
-    }
     // The default `Wgpu`/`Cuda` types go through Burn's fusion layer: the wiring in tally-model.
     let case = Case { groups: vec![(40, vec![3, 9]), (7, vec![18])], q_heads: 4, kv_heads: 2, head_dim: 32 };
     let (queries, keys, values, _) = case.inputs(7);
@@ -143,11 +107,7 @@ fn attention_through_the_fusion_backend_matches() {
 /// Residual add + RMSNorm against float64 on the host, with and without the add, at row widths
 /// just under, at and past the kernel's unit counts (a power of two up to 256 units a row), a
 /// 3-D input (the q/k norms' `[tokens, heads, head_dim]`) and bfloat16-sized values.
-#[test]
 fn add_rms_norm_matches_float64() {
-    if !gpu::gpu_or_skip("add_rms_norm_matches_float64") {
-        return;
-    }
     let eps = 1e-6;
     for (seed, &(rows, width)) in [(1, 1), (3, 15), (5, 16), (2, 17), (7, 255), (4, 256), (3, 257), (9, 576), (2, 1024), (3, 4097), (600, 64)].iter().enumerate() {
         let seed = 300 + seed as u64;
@@ -188,11 +148,7 @@ fn add_rms_norm_matches_float64() {
 /// The q/k norm + RoPE (and RoPE alone) against float64 on the host: head sizes 16, 24, 64 and
 /// 128 (cubes of 16, 32, 64 and 128 units, 24 leaving units idle), queries read where they lie
 /// in a wider q/k/v projection, positions in the thousands.
-#[test]
 fn norm_rope_matches_float64() {
-    if !gpu::gpu_or_skip("norm_rope_matches_float64") {
-        return;
-    }
     let eps = 1e-6;
     for (seed, &(tokens, heads, head_dim)) in [(5, 2, 16), (37, 3, 24), (20, 4, 64), (9, 2, 128)].iter().enumerate() {
         let seed = 500 + seed as u64;
@@ -233,11 +189,7 @@ fn norm_rope_matches_float64() {
 
 /// `silu(gate) · up` from the fused projection against float64 on the host, with element counts
 /// just under, at and past the kernel's 256 units a cube, and across rows.
-#[test]
 fn silu_mul_matches_float64() {
-    if !gpu::gpu_or_skip("silu_mul_matches_float64") {
-        return;
-    }
     for (seed, &(rows, intermediate)) in [(1, 1), (1, 255), (1, 256), (1, 257), (3, 85), (7, 1536), (300, 17)].iter().enumerate() {
         let gate_up = random(400 + seed as u64, rows * 2 * intermediate, 6.0);
         let expected: Vec<f32> = (0..rows * intermediate)
@@ -255,11 +207,7 @@ fn silu_mul_matches_float64() {
 
 /// Label log-probabilities over a vocabulary of three chunks (the last one partial), labels in
 /// the first, middle and last chunk and on a chunk edge; rows with different label counts.
-#[test]
 fn label_logprobs_stream_the_vocabulary() {
-    if !gpu::gpu_or_skip("label_logprobs_stream_the_vocabulary") {
-        return;
-    }
     let (rows, hidden, vocab) = (37, 48, 2 * tally_model::lm_head::VOCAB_CHUNK + 1000);
     let hidden_values = random(11, rows * hidden, 1.0);
     let head_values = random(12, vocab * hidden, 0.5);
@@ -287,11 +235,7 @@ fn label_logprobs_stream_the_vocabulary() {
 /// is scored, in both softmax modes, through both CubeCL backend types, at 1, 255, 256, 257,
 /// 1,000 and the server's default maximum (4,096) labels, against the CPU. Until the kernel
 /// looped over its label slots, each label past the 256th came back as probability 0.
-#[test]
 fn every_label_is_scored_past_the_kernels_units() {
-    if !gpu::gpu_or_skip("every_label_is_scored_past_the_kernels_units") {
-        return;
-    }
     let (rows, hidden, vocab) = (5, 16, 2 * tally_model::lm_head::VOCAB_CHUNK + 1000);
     let hidden_values = random(13, rows * hidden, 1.0);
     let head_values = random(14, vocab * hidden, 0.5);
@@ -319,11 +263,7 @@ fn every_label_is_scored_past_the_kernels_units() {
 
 /// More label cells (4,097 rows × 4,096 labels) than one grid dimension of 256-unit cubes
 /// covers (65,535 × 256): the finishing kernel's grid folds into two dimensions.
-#[test]
 fn label_logprobs_past_the_largest_one_dimensional_grid() {
-    if !gpu::gpu_or_skip("label_logprobs_past_the_largest_one_dimensional_grid") {
-        return;
-    }
     let (rows, hidden, vocab) = (4_097, 8, 4_096);
     let hidden_values = random(15, rows * hidden, 1.0);
     let head_values = random(16, vocab * hidden, 0.5);
@@ -335,11 +275,7 @@ fn label_logprobs_past_the_largest_one_dimensional_grid() {
     assert_close(&got, &expected, 1e-4, "16.8 M label cells");
 }
 
-#[test]
 fn the_plain_cascade_on_the_gpu_matches_the_cpu() {
-    if !gpu::gpu_or_skip("the_plain_cascade_on_the_gpu_matches_the_cpu") {
-        return;
-    }
     // Items of different lengths, padded to the longest inside the cascade. The single KV head
     // with 8 items was off by 0.5 through fusion (burn-fusion 0.21 mis-fused the softmax's
     // division after the matmul; see `softmax_times_values`); head_dim 24 against a long prefix
@@ -405,11 +341,7 @@ fn check_matmuls(cases: &[([usize; 4], bool)], direct: bool) {
 /// The model's matmuls in float32 are float32: `f32_matmul` itself, and `ScoringBackend::matmul`
 /// on both CubeCL backend types (which take it where the device has tf32, as on CUDA). tf32
 /// rounds operands to 10 mantissa bits, ~3e-4 relative here: far outside the tolerance.
-#[test]
 fn float32_matmuls_stay_float32() {
-    if !gpu::gpu_or_skip("float32_matmuls_stay_float32") {
-        return;
-    }
     // A linear, an LM-head chunk (transposed view), the cascade's batched scores (head_dim 24)
     // and weights · values (1,000 keys).
     check_matmuls(&[([1, 37, 576, 200], false), ([1, 37, 48, 1000], true), ([2, 28, 24, 700], true), ([2, 28, 1000, 64], false)], true);
@@ -420,7 +352,6 @@ fn float32_matmuls_stay_float32() {
 /// float32 (`CUBLAS_COMPUTE_32F`), on the shapes above plus rows, columns and inner dimensions
 /// of one.
 #[cfg(feature = "cuda")]
-#[test]
 fn cublas_matmuls_match_a_float64_product() {
     use tally_shaders::{set_matmul_route, MatmulRoute};
     /// Puts the process back on CubeCL's matmuls however the test ends.
@@ -453,11 +384,7 @@ fn cublas_matmuls_match_a_float64_product() {
 /// the operands are batched or the right-hand side transposed; autotune picks it on lavapipe for
 /// these shapes (each was 0.07 – 1 off through `Tensor::matmul`). `ScoringBackend::matmul` pads
 /// the inner dimension past it.
-#[test]
 fn matmuls_with_an_odd_multiple_of_8_inside_are_right() {
-    if !gpu::gpu_or_skip("matmuls_with_an_odd_multiple_of_8_inside_are_right") {
-        return;
-    }
     check_matmuls(&[([2, 8, 600, 32], false), ([2, 2, 1000, 16], false), ([3, 13, 200, 24], false), ([1, 4, 24, 1000], true), ([2, 16, 40, 64], true)], false);
 }
 
@@ -498,7 +425,6 @@ mod mma_fragments {
 /// `g = l / 4` and `t = l % 4`, A's rows g and g + 8 at columns 2t, 2t + 1 and those + 8, B's
 /// rows (k) 2t, 2t + 1 and those + 8 at column g, and C's rows g and g + 8 at columns 2t, 2t + 1.
 #[cfg(feature = "cuda")]
-#[test]
 fn mma_fragment_layout_is_ptxs() {
     use burn::tensor::{Int, TensorData};
     use burn_cubecl::cubecl::prelude::{CubeCount, CubeDim, Runtime};
@@ -521,4 +447,31 @@ fn mma_fragment_layout_is_ptxs() {
         }
     }
     assert_eq!(TensorData::new(got, [32, 32]), TensorData::new(expected, [32, 32]), "fragment positions per lane (A, then B, then C, as row, column)");
+}
+
+fn main() {
+    #[allow(unused_mut)] // without feature `cuda`
+    let mut tests = gpu::named![
+        attention_one_token_prefix_and_tile_edge_items,
+        attention_long_prefix_gqa4_head_dim_64,
+        attention_qwen3_heads_head_dim_128_several_groups,
+        attention_500_uneven_items,
+        attention_query_prefill_is_one_causal_item,
+        attention_tiles_mix_whole_items_and_pieces_of_long_ones,
+        attention_just_under_at_and_past_the_tiled_kernels_tiles,
+        attention_every_tile_shape,
+        attention_through_the_fusion_backend_matches,
+        add_rms_norm_matches_float64,
+        norm_rope_matches_float64,
+        silu_mul_matches_float64,
+        label_logprobs_stream_the_vocabulary,
+        every_label_is_scored_past_the_kernels_units,
+        label_logprobs_past_the_largest_one_dimensional_grid,
+        the_plain_cascade_on_the_gpu_matches_the_cpu,
+        float32_matmuls_stay_float32,
+        matmuls_with_an_odd_multiple_of_8_inside_are_right,
+    ];
+    #[cfg(feature = "cuda")]
+    tests.extend(gpu::named![cublas_matmuls_match_a_float64_product, mma_fragment_layout_is_ptxs]);
+    gpu::run(tests)
 }

@@ -9,11 +9,7 @@ use burn::tensor::DType;
 use kernel_cases::{assert_close, tensor, Case, Gpu};
 use tally_shaders::{tensor_core_tiles, AttentionKernel, TileShape};
 
-#[test]
 fn attention_in_f16_accumulates_in_f32() {
-    if !gpu::gpu_or_skip("attention_in_f16_accumulates_in_f32") {
-        return;
-    }
     // f16 inputs and output, f32 inside: only the roundings of f16 remain.
     assert_eq!(tensor::<Gpu<half::f16>, 1>(&[1.0], [1]).dtype(), DType::F16, "the kernel must see f16 tensors");
     let device = Default::default();
@@ -32,4 +28,8 @@ fn attention_in_f16_accumulates_in_f32() {
             assert_close(&case.kernel::<half::f16>(seed as u64, kernel), &expected, 1e-2, &format!("f16, {kernel:?}, {}", case.name()));
         }
     }
+}
+
+fn main() {
+    gpu::run(gpu::named![attention_in_f16_accumulates_in_f32])
 }

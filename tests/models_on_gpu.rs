@@ -75,16 +75,14 @@ mod runtime {
     pub const NAME: &str = "cuda";
 }
 
-#[test]
 fn every_fixture_model_on_the_unfused_cube_backend_matches_the_cpu() {
-    if gpu::gpu_or_skip("every_fixture_model_on_the_unfused_cube_backend_matches_the_cpu") {
-        check::<CubeBackend<runtime::Runtime, f32, i32, u32>>(&format!("{}, unfused", runtime::NAME));
-    }
+    check::<CubeBackend<runtime::Runtime, f32, i32, u32>>(&format!("{}, unfused", runtime::NAME));
 }
 
-#[test]
 fn every_fixture_model_through_fusion_matches_the_cpu() {
-    if gpu::gpu_or_skip("every_fixture_model_through_fusion_matches_the_cpu") {
-        check::<runtime::Fused>(&format!("{}, fusion", runtime::NAME));
-    }
+    check::<runtime::Fused>(&format!("{}, fusion", runtime::NAME));
+}
+
+fn main() {
+    gpu::run(gpu::named![every_fixture_model_on_the_unfused_cube_backend_matches_the_cpu, every_fixture_model_through_fusion_matches_the_cpu])
 }

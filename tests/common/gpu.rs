@@ -1,12 +1,14 @@
-//! Whether a test that needs a GPU adapter (wgpu) can run here. Without one it is skipped with a
-//! notice on the terminal, unless `TALLY_REQUIRE_GPU=1` (set by `.ci/run`) makes that a failure.
+//! The harness of the tests that need a GPU adapter (wgpu; CUDA with feature `cuda`): their
+//! binaries set `harness = false` and call [`run`], so that where no adapter can be had each
+//! test is reported as *ignored* — a visible count — rather than passing without running.
+//! `TALLY_REQUIRE_GPU=1` (set by `.ci/run`) makes a missing driver a failure instead.
 
-use std::io::Write;
 use std::path::Path;
 
 /// Vulkan needs an installable client driver (ICD) manifest; Metal and DX12 are always there.
+/// Built for CUDA (feature `cuda`) the tests always run: that build exists for the GPU machine.
 fn adapter_expected() -> bool {
-    if cfg!(any(target_os = "macos", target_os = "windows")) {
+    if cfg!(any(feature = "cuda", target_os = "macos", target_os = "windows")) {
         return true;
     }
     let from_env = ["VK_ICD_FILENAMES", "VK_DRIVER_FILES"].iter().any(|var| std::env::var_os(var).is_some_and(|v| !v.is_empty()));
@@ -14,15 +16,34 @@ fn adapter_expected() -> bool {
     from_env || dirs.iter().any(|dir| std::fs::read_dir(Path::new(dir)).is_ok_and(|mut entries| entries.next().is_some()))
 }
 
-/// `true` when `test` should run; prints why not otherwise. Built for CUDA (feature `cuda`), the
-/// tests always run: that build exists for the GPU machine.
-pub fn gpu_or_skip(test: &str) -> bool {
-    if cfg!(feature = "cuda") || adapter_expected() {
-        return true;
+/// `(name, test)` pairs for [`run`], each named after its function.
+#[allow(unused_macros)] // the test binaries that include `common` without GPU tests
+macro_rules! named {
+    ($($test:ident),* $(,)?) => { vec![$((stringify!($test), $test as fn())),*] };
+}
+#[allow(unused_imports)] // each test binary uses one of the two
+pub(crate) use named;
+
+/// Runs `tests` with libtest's command line and output; each is ignored where no adapter is.
+pub fn run(tests: Vec<(&'static str, fn())>) -> ! {
+    let args = libtest_mimic::Arguments::from_args();
+    let available = adapter_expected();
+    if !available {
+        if std::env::var("TALLY_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            eprintln!("error: TALLY_REQUIRE_GPU=1 but no Vulkan driver is installed (apt-get install mesa-vulkan-drivers)");
+            std::process::exit(101);
+        }
+        eprintln!("note: {} tests ignored: no Vulkan driver here (apt-get install mesa-vulkan-drivers to run them)", tests.len());
     }
-    let required = std::env::var("TALLY_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    assert!(!required, "{test}: TALLY_REQUIRE_GPU=1 but no Vulkan driver is installed (apt-get install mesa-vulkan-drivers)");
-    // Straight to the terminal: the test harness captures only print!/eprint!.
-    let _ = writeln!(std::io::stderr(), "note: skipping {test}: no Vulkan driver here (apt-get install mesa-vulkan-drivers to run it)");
-    false
+    let trials = tests
+        .into_iter()
+        .map(|(name, test)| {
+            libtest_mimic::Trial::test(name, move || {
+                test();
+                Ok(())
+            })
+            .with_ignored_flag(!available)
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit()
 }

@@ -9,6 +9,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
+use serde_json::Value;
+
 pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
 }
@@ -54,4 +56,34 @@ pub fn assert_close(got: &[Vec<f64>], expected: &[Vec<f64>], rel: f64, what: &st
             assert!((g - e).abs() <= rel * e.abs(), "{what}: scores[{i}][{j}] = {g}, expected {e} (rel {rel})");
         }
     }
+}
+
+/// Every float64 fixture case (`tests/fixtures/cases`), in file order.
+pub fn cases() -> Vec<Value> {
+    let mut paths: Vec<_> = std::fs::read_dir(fixtures().join("cases")).unwrap().map(|e| e.unwrap().path()).collect();
+    paths.sort();
+    paths.iter().map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()).collect()
+}
+
+/// One fixture case by name.
+pub fn case(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixtures().join(format!("cases/{name}.json"))).unwrap()).unwrap()
+}
+
+/// The fixture cases grouped by the model they run on, in file order.
+pub fn cases_by_model(cases: &[Value]) -> Vec<(&str, Vec<&Value>)> {
+    let mut groups: Vec<(&str, Vec<&Value>)> = Vec::new();
+    for case in cases {
+        let model = case["model"].as_str().unwrap();
+        match groups.iter_mut().find(|(name, _)| *name == model) {
+            Some((_, group)) => group.push(case),
+            None => groups.push((model, vec![case])),
+        }
+    }
+    groups
+}
+
+/// A case's float64 reference scores.
+pub fn expected(case: &Value) -> Vec<Vec<f64>> {
+    serde_json::from_value(case["expected_scores"].clone()).unwrap()
 }

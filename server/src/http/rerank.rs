@@ -115,8 +115,9 @@ pub struct RerankRequest {
     documents: Vec<Document>,
     #[serde(default)]
     top_n: Option<usize>,
+    /// Each result's document text (default: `true`, as vLLM always answers and Jina documents).
     #[serde(default)]
-    return_documents: bool,
+    return_documents: Option<bool>,
     /// Task instruction for instruction-tuned rerankers; the server's default otherwise.
     #[serde(default)]
     instruction: Option<String>,
@@ -248,7 +249,7 @@ async fn cohere_v1(state: &AppState, body: serde_json::Map<String, serde_json::V
         .map(|index| RerankResult {
             index,
             relevance_score: relevance.scores[index],
-            document: request.return_documents.then(|| DocumentText { text: documents[index].clone() }),
+            document: request.return_documents.unwrap_or(true).then(|| DocumentText { text: documents[index].clone() }),
         })
         .collect();
     let usage = RerankUsage { prompt_tokens: relevance.prompt_tokens, total_tokens: relevance.prompt_tokens };

@@ -1,0 +1,55 @@
+//! `tally serve --backend wgpu` over real HTTP: the float64 fixtures through the CubeCL kernels,
+//! and every label scored up to the server's maximum. On wgpu's default adapter (lavapipe in CI),
+//! under the GPU tests' harness (`common/gpu.rs`): ignored, visibly, where there is none.
+
+mod common;
+
+use common::server::Server;
+use common::{assert_close, cases, cases_by_model, expected, gpu};
+use serde_json::json;
+
+/// The same fixtures through the CubeCL kernels on wgpu's default adapter (lavapipe in CI): one
+/// server per model, so kernels compile and autotune once per model. The first server warms up
+/// before it listens (a small pass budget keeps that short on lavapipe): its answers must be as
+/// right as the others'.
+fn the_wgpu_backend_matches_the_reference() {
+    let cases = cases();
+    for (index, (model_name, model_cases)) in cases_by_model(&cases).into_iter().enumerate() {
+        let server = if index == 0 {
+            let server = Server::start(model_name, &["--backend", "wgpu", "--max-batch-tokens", "64"]);
+            assert!(server.startup_log.iter().any(|line| line.contains("warmed up in")), "no warm-up before listening:\n{}", server.startup_log.join("\n"));
+            server
+        } else {
+            Server::start(model_name, &["--backend", "wgpu", "--no-warmup"])
+        };
+        for case in model_cases {
+            assert_close(&server.score(&case["request"]), &expected(case), 1e-3, &format!("wgpu, {model_name}"));
+        }
+    }
+}
+
+/// The user's case: a model of Qwen3's full vocabulary on wgpu, with more labels than the label
+/// kernel has units per row (256), up to the server's configured maximum, in both softmax modes:
+/// every probability as the CPU backend gives it, none left at 0.
+fn every_label_is_scored_on_wgpu_up_to_the_servers_maximum() {
+    let max_labels = 4096;
+    let limit = max_labels.to_string();
+    let cpu = Server::start("wide-vocab", &["--backend", "cpu", "--max-labels-per-request", &limit]);
+    let gpu = Server::start("wide-vocab", &["--backend", "wgpu", "--no-warmup", "--max-labels-per-request", &limit]);
+    let vocab = 151_936;
+    for count in [1, 255, 256, 257, 1000, max_labels] {
+        // Distinct ids spread over the whole vocabulary.
+        let labels: Vec<u64> = (0..count as u64).map(|j| (j * 7_919 + 3) % vocab).collect();
+        for apply_softmax in [false, true] {
+            let request = json!({"query": [9, 8, 7, 6, 5, 4, 3], "items": [[11, 12, 13], [21], [31, 32, 33, 34, 35]], "label_token_ids": labels, "apply_softmax": apply_softmax});
+            let (expected, got) = (cpu.score(&request), gpu.score(&request));
+            let what = format!("{count} labels, apply_softmax {apply_softmax}");
+            assert!(got.iter().flatten().all(|&p| p > 0.0), "{what}: a label scored 0");
+            assert_close(&got, &expected, 1e-3, &what);
+        }
+    }
+}
+
+fn main() {
+    gpu::run(gpu::named![the_wgpu_backend_matches_the_reference, every_label_is_scored_on_wgpu_up_to_the_servers_maximum])
+}
