@@ -56,3 +56,58 @@ impl<B: Backend> PrefixLru<B> {
         self.entries.insert(tokens.to_vec(), Entry { prefix, bytes, last_used: self.clock });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::NdArray;
+    use burn::tensor::Tensor;
+    use tally_model::attention::PrefixKv;
+    use tally_model::QueryKv;
+
+    use super::PrefixLru;
+
+    type B = NdArray<f32>;
+
+    /// A one-layer prefix of `tokens` tokens.
+    fn prefix(tokens: usize) -> QueryKv<B> {
+        let kv = || Tensor::<B, 3>::zeros([2, tokens, 4], &Default::default());
+        QueryKv::from_layers(vec![PrefixKv { keys: kv(), values: kv() }])
+    }
+
+    fn cached(cache: &mut PrefixLru<B>, keys: &[u32]) -> Vec<bool> {
+        keys.iter().map(|&key| cache.get(&[key]).is_some()).collect()
+    }
+
+    #[test]
+    fn evicts_the_least_recently_used_to_stay_within_its_bytes() {
+        let one = prefix(1).size_bytes();
+        assert_eq!(one, 2 * 2 * 4 * 4, "keys and values, 2 heads × 4 dims of f32");
+        let mut cache = PrefixLru::<B>::new(3 * one);
+        for key in [1, 2, 3] {
+            cache.insert(&[key], prefix(1));
+        }
+        assert_eq!(cache.used_bytes(), 3 * one);
+        // Using 1 makes 2 the least recent: a fourth prefix evicts 2, exactly at the budget.
+        assert_eq!(cached(&mut cache, &[1]), [true]);
+        cache.insert(&[4], prefix(1));
+        assert_eq!(cached(&mut cache, &[2, 1, 3, 4]), [false, true, true, true]);
+        assert_eq!(cache.used_bytes(), 3 * one);
+        // A two-token prefix evicts the two least recent (1, then 3), not more.
+        cache.insert(&[5], prefix(2));
+        assert_eq!(cached(&mut cache, &[1, 3, 4, 5]), [false, false, true, true]);
+        assert_eq!(cache.used_bytes(), 3 * one);
+        // Larger than the whole cache: not stored, and nothing evicted for it.
+        cache.insert(&[6], prefix(4));
+        assert_eq!(cached(&mut cache, &[6, 4, 5]), [false, true, true]);
+        // A key already there is kept once.
+        cache.insert(&[4], prefix(1));
+        assert_eq!(cache.used_bytes(), 3 * one);
+        // Just under the budget: a prefix that fits beside the rest evicts nothing.
+        let mut roomy = PrefixLru::<B>::new(3 * one + one - 1);
+        for key in [1, 2, 3] {
+            roomy.insert(&[key], prefix(1));
+        }
+        assert_eq!(cached(&mut roomy, &[1, 2, 3]), [true, true, true]);
+        assert!(!PrefixLru::<B>::new(0).is_enabled());
+    }
+}

@@ -143,10 +143,6 @@ impl<B: ScoringBackend> DecoderModel<B> {
         &self.config
     }
 
-    pub fn hot_paths(&self) -> HotPaths {
-        self.hot_paths
-    }
-
     pub fn set_hot_paths(&mut self, hot_paths: HotPaths) {
         self.hot_paths = hot_paths;
     }
@@ -180,15 +176,10 @@ impl<B: ScoringBackend> DecoderModel<B> {
         QueryKv::empty(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, &self.device())
     }
 
-    /// Runs the query through every layer once and keeps its K/V. The query goes in chunks, each
-    /// attending to the K/V of the chunks before it (a one-item pass over that prefix), so
-    /// attention memory grows with `chunk × query`, not `query²`.
-    pub fn prefill(&self, tokens: &[u32]) -> QueryKv<B> {
-        self.prefill_batch(vec![self.empty_query()], &[tokens]).remove(0)
-    }
-
     /// Extends each query's K/V by its tokens, as if `query + tokens` had been prefilled from
-    /// scratch (exactly so when `query.len()` is a multiple of [`PREFILL_CHUNK`]). Chunk `c`
+    /// scratch (exactly so when `query.len()` is a multiple of [`PREFILL_CHUNK`]). The tokens go
+    /// in chunks, each attending to the K/V of the chunks before it (a one-item pass over that
+    /// prefix), so attention memory grows with `chunk × query`, not `query²`. Chunk `c`
     /// of every sequence runs in one pass, each chunk attending to its own query only, so `n`
     /// queries cost one pass per chunk instead of `n`; the caller bounds that pass (`n` chunks
     /// of up to [`PREFILL_CHUNK`] tokens).

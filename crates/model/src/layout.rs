@@ -56,10 +56,6 @@ impl ItemLayout {
         self.groups.iter().enumerate().flat_map(|(group, &(_, items))| std::iter::repeat_n(group, items))
     }
 
-    pub fn prefix_len(&self, group: usize) -> usize {
-        self.groups[group].0
-    }
-
     /// Position of every row: item token `k` sits at `prefix_len + k`.
     pub fn positions(&self) -> Vec<usize> {
         self.item_groups()

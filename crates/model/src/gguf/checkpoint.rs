@@ -109,7 +109,7 @@ impl TensorSource for GgufCheckpoint {
         if shape != expected && !(expected.len() == 1 && info.elements() == expected[0] && shape.len() <= 2) {
             return Err(WeightsError::Shape { name: gguf_name, path: self.file.path().to_owned(), found: shape, expected: expected.to_vec() });
         }
-        let values = self.file.read_f32(&gguf_name, info)?;
+        let values = self.file.read_f32(info);
         // convert_hf_to_gguf permutes Llama's q/k rows for ggml's interleaved RoPE; tally
         // rotates halves as transformers does, so the permutation is undone.
         let heads = match name.rsplit('.').nth(1) {
@@ -169,7 +169,7 @@ fn config_from_metadata(f: &GgufFile) -> Result<ModelConfig, WeightsError> {
     }
     let embedding = f.tensor("token_embd.weight").ok_or_else(|| WeightsError::MissingTensor { name: "token_embd.weight".into() })?;
     let scaling = if let Some(info) = f.tensor("rope_freqs.weight") {
-        RopeScaling::Factors(f.read_f32("rope_freqs.weight", info)?.into_iter().map(f64::from).collect())
+        RopeScaling::Factors(f.read_f32(info).into_iter().map(f64::from).collect())
     } else {
         let scaling_type = match f.metadata(&key("rope.scaling.type")) {
             Some(_) => f.string(&key("rope.scaling.type"))?,
