@@ -25,11 +25,11 @@ fn main() {
     let model_name = "tied-gqa";
     let mut scorer = Scorer::<NdArray<f32>>::load(&root.join("tests/fixtures/models").join(model_name), &Default::default(), ScorerOptions::default())
         .expect("fixture model loads");
-    let vocab = scorer.preparer().limits().vocab_size as i64;
-    let ids = |n: usize, seed: usize| -> Vec<i64> { (0..n).map(|i| ((i * 7919 + seed * 104_729) as i64) % vocab).collect() };
+    let vocab = scorer.preparer().limits().vocab_size;
+    let ids = |n: usize, seed: usize| -> Vec<u32> { (0..n).map(|i| ((i * 7919 + seed * 104_729) % vocab) as u32).collect() };
     let query = ids(query_tokens, 0);
-    let item_ids: Vec<Vec<i64>> = (1..=items).map(|s| ids(item_tokens, s)).collect();
-    let input = |items: &[Vec<i64>]| ScoreInput::new(&query, items, &[1, 2], false, false, scorer.preparer().limits()).expect("valid input");
+    let item_ids: Vec<Vec<u32>> = (1..=items).map(|s| ids(item_tokens, s)).collect();
+    let input = |items: &[Vec<u32>]| ScoreInput::new(query.clone(), items.to_vec(), vec![1, 2], false, false, scorer.preparer().limits()).expect("valid input");
 
     let packed_input = input(&item_ids);
     let per_item_inputs: Vec<ScoreInput> = item_ids.iter().map(|item| input(std::slice::from_ref(item))).collect();

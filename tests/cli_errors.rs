@@ -174,7 +174,7 @@ fn broken_gguf_files_get_clear_errors() {
         let value_at = at(b"general.architecture") + 4 + 8;
         bytes[value_at..value_at + 5].copy_from_slice(b"mamba");
     });
-    assert_rejected(arch.path(), &request, "architecture `mamba` is not supported; tally runs: llama, qwen2, qwen3");
+    assert_rejected(arch.path(), &request, "architecture `mamba` is not supported; tally runs: qwen3, llama, qwen2");
 
     let heads = broken_gguf(|bytes, at| {
         let value_at = at(b"llama.attention.head_count") + 4;

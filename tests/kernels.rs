@@ -77,7 +77,7 @@ fn attention_every_tile_shape() {
     for rows in TileShape::ROWS {
         for keys in TileShape::KEYS {
             let shape = TileShape::new(rows, keys).expect("a built shape");
-            if !shape.fits(&client, case.head_dim, burn::tensor::DType::F32) {
+            if !tally_shaders::tile_fits(shape, &client, case.head_dim, burn::tensor::DType::F32) {
                 // Still checked: the call falls back to the row kernel.
                 eprintln!("note: tile {rows}x{keys} needs more shared memory than this adapter has; the row kernel runs instead");
             }

@@ -80,15 +80,15 @@ fn tokenization_matches_llama_cpp() {
     let reference = reference();
     let mut checked = 0;
     for entry in reference["tokenization"].as_array().unwrap() {
-        let ids: Vec<i64> = serde_json::from_value(entry["ids"].clone()).unwrap();
+        let ids: Vec<u32> = serde_json::from_value(entry["ids"].clone()).unwrap();
         assert_eq!(tokenizer.encode(entry["text"].as_str().unwrap()).unwrap(), ids, "{}", entry["text"]);
         checked += 1;
     }
     for case in reference["cases"].as_array().unwrap() {
-        let query_ids: Vec<i64> = serde_json::from_value(case["query_ids"].clone()).unwrap();
+        let query_ids: Vec<u32> = serde_json::from_value(case["query_ids"].clone()).unwrap();
         assert_eq!(tokenizer.encode_sequence_start(case["request"]["query"].as_str().unwrap()).unwrap(), query_ids, "SmolLM2 adds no BOS");
         for (item, ids) in case["request"]["items"].as_array().unwrap().iter().zip(case["items_ids"].as_array().unwrap()) {
-            let ids: Vec<i64> = serde_json::from_value(ids.clone()).unwrap();
+            let ids: Vec<u32> = serde_json::from_value(ids.clone()).unwrap();
             assert_eq!(tokenizer.encode(item.as_str().unwrap()).unwrap(), ids);
         }
     }

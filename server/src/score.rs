@@ -47,7 +47,7 @@ fn table<B: ScoringBackend>(scorer: &mut Scorer<B>, args: &ScoreArgs) -> Result<
     let mut label_ids = Vec::with_capacity(args.labels.len());
     for label in &args.labels {
         match tokenizer.encode(label)?.as_slice() {
-            [id] => label_ids.push(*id),
+            [id] => label_ids.push(i64::from(*id)),
             ids => bail!("label {label:?} is {} tokens ({ids:?}); a label must be exactly one token", ids.len()),
         }
     }

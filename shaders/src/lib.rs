@@ -28,7 +28,7 @@ pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
 
-pub use attention::{tensor_core_tiles, AttentionKernel, AttentionTiles, MultiItemAttention, TileShape};
+pub use attention::{tensor_core_tiles, tile_fits, AttentionKernel, AttentionTiles, MultiItemAttention, TileShape};
 pub use f32_matmul::{f32_matmul, matmul_rounds_to_tf32};
 pub use label_logprobs::StreamedLabelLogprobs;
 pub use matmul_route::{cublas_matmul, routes_to_cublas, set_matmul_route, MatmulRoute};

@@ -3,15 +3,18 @@
 //! - [`request`] / [`response`]: SGLang-compatible JSON types.
 //! - [`validate`]: checks a request against a model's limits, with typed errors.
 //! - [`plan`]: splits the items of a request into forward passes under a memory budget.
+//! - [`tile`]: the tiled attention kernel's tile shape, as flags and planners choose it.
 //!
 //! No GPU or ML dependencies: this crate also builds for wasm32.
 
 pub mod plan;
 pub mod request;
 pub mod response;
+pub mod tile;
 pub mod validate;
 
 pub use plan::{plan_passes, ItemShape, PassBudget};
 pub use request::{Items, Query, ScoreRequest};
 pub use response::{ScoreResponse, Usage};
-pub use validate::{ModelLimits, RequestInput, ScoreInput, ValidationError};
+pub use tile::TileShape;
+pub use validate::{token_ids, ModelLimits, RequestInput, ScoreInput, ValidationError};

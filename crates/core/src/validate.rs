@@ -49,24 +49,34 @@ pub enum RequestInput<'a> {
 }
 
 impl ScoreRequest {
-    /// Classifies query and items as text or ids; rejects mixed kinds and empty item lists.
+    /// Classifies query and items as text or ids; rejects mixed kinds.
     pub fn input(&self) -> Result<RequestInput<'_>, ValidationError> {
-        if self.items.is_empty() {
-            return Err(ValidationError::NoItems);
-        }
         match (&self.query, &self.items) {
             (Query::Text(query), Items::Text(item)) => Ok(RequestInput::Text { query, items: vec![item] }),
             (Query::Text(query), Items::Texts(items)) => {
                 Ok(RequestInput::Text { query, items: items.iter().map(String::as_str).collect() })
             }
             (Query::Ids(query), Items::Ids(items)) => Ok(RequestInput::Ids { query, items }),
+            // No items at all are no kind of items: `ScoreInput::new` says so.
+            (Query::Text(query), Items::Ids(items)) if items.is_empty() => Ok(RequestInput::Text { query, items: Vec::new() }),
+            (Query::Ids(query), Items::Texts(items)) if items.is_empty() => Ok(RequestInput::Ids { query, items: &[] }),
             _ => Err(ValidationError::MixedInputKinds),
         }
     }
 }
 
+/// Token ids as the JSON carries them (`i64`, so that a negative id gets its own error rather
+/// than a JSON type error) as the `u32` ids everything past the JSON edge uses; `field` names
+/// them in the error.
+pub fn token_ids(ids: &[i64], field: impl Fn() -> String, limits: ModelLimits) -> Result<Vec<u32>, ValidationError> {
+    ids.iter()
+        .map(|&id| u32::try_from(id).map_err(|_| ValidationError::TokenIdOutOfRange { field: field(), id, vocab_size: limits.vocab_size }))
+        .collect()
+}
+
 /// A validated, tokenized request: every id is inside the vocabulary, nothing is empty, and
-/// every `query + item` sequence fits the model's positions.
+/// every `query + item` sequence fits the model's positions. Built only by [`ScoreInput::new`],
+/// so every one was checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScoreInput {
     pub query: Vec<u32>,
@@ -74,17 +84,12 @@ pub struct ScoreInput {
     pub labels: Vec<u32>,
     pub apply_softmax: bool,
     pub item_first: bool,
+    /// See [`ScoreInput::prompt_tokens`]; counted once, here.
+    prompt_tokens: usize,
 }
 
 impl ScoreInput {
-    pub fn new(
-        query: &[i64],
-        items: &[Vec<i64>],
-        labels: &[i64],
-        apply_softmax: bool,
-        item_first: bool,
-        limits: ModelLimits,
-    ) -> Result<Self, ValidationError> {
+    pub fn new(query: Vec<u32>, items: Vec<Vec<u32>>, labels: Vec<u32>, apply_softmax: bool, item_first: bool, limits: ModelLimits) -> Result<Self, ValidationError> {
         if items.is_empty() {
             return Err(ValidationError::NoItems);
         }
@@ -98,38 +103,26 @@ impl ScoreInput {
             return Err(ValidationError::NoLabels);
         }
         if let Some((index, item)) = items.iter().enumerate().find(|(_, item)| query.len() + item.len() > limits.max_positions) {
-            return Err(ValidationError::SequenceTooLong {
-                index,
-                tokens: query.len() + item.len(),
-                max_positions: limits.max_positions,
-            });
+            return Err(ValidationError::SequenceTooLong { index, tokens: query.len() + item.len(), max_positions: limits.max_positions });
         }
-        let checked = |field: &dyn Fn() -> String, ids: &[i64]| -> Result<Vec<u32>, ValidationError> {
-            ids.iter()
-                .map(|&id| match u32::try_from(id) {
-                    Ok(valid) if (valid as usize) < limits.vocab_size => Ok(valid),
-                    _ => Err(ValidationError::TokenIdOutOfRange { field: field(), id, vocab_size: limits.vocab_size }),
-                })
-                .collect()
+        let outside = |field: &dyn Fn() -> String, ids: &[u32]| match ids.iter().find(|&&id| id as usize >= limits.vocab_size) {
+            Some(&id) => Err(ValidationError::TokenIdOutOfRange { field: field(), id: i64::from(id), vocab_size: limits.vocab_size }),
+            None => Ok(()),
         };
-        Ok(ScoreInput {
-            query: checked(&|| "query".to_owned(), query)?,
-            items: items
-                .iter()
-                .enumerate()
-                .map(|(index, item)| checked(&|| format!("items[{index}]"), item))
-                .collect::<Result<_, _>>()?,
-            labels: checked(&|| "label_token_ids".to_owned(), labels)?,
-            apply_softmax,
-            item_first,
-        })
+        outside(&|| "query".to_owned(), &query)?;
+        for (index, item) in items.iter().enumerate() {
+            outside(&|| format!("items[{index}]"), item)?;
+        }
+        outside(&|| "label_token_ids".to_owned(), &labels)?;
+        let item_tokens: usize = items.iter().map(Vec::len).sum();
+        let query_runs = if item_first { items.len() } else { 1 };
+        let prompt_tokens = query_runs * query.len() + item_tokens;
+        Ok(ScoreInput { query, items, labels, apply_softmax, item_first, prompt_tokens })
     }
 
     /// Tokens the engine runs: the query once (once per item with `item_first`) plus all items.
     pub fn prompt_tokens(&self) -> usize {
-        let item_tokens: usize = self.items.iter().map(Vec::len).sum();
-        let query_runs = if self.item_first { self.items.len() } else { 1 };
-        query_runs * self.query.len() + item_tokens
+        self.prompt_tokens
     }
 }
 
@@ -139,8 +132,10 @@ mod tests {
 
     const LIMITS: ModelLimits = ModelLimits { vocab_size: 100, max_positions: 8 };
 
+    /// As the engine builds an input from wire ids.
     fn input(query: &[i64], items: &[Vec<i64>], labels: &[i64]) -> Result<ScoreInput, ValidationError> {
-        ScoreInput::new(query, items, labels, false, false, LIMITS)
+        let items = items.iter().enumerate().map(|(index, item)| token_ids(item, || format!("items[{index}]"), LIMITS)).collect::<Result<_, _>>()?;
+        ScoreInput::new(token_ids(query, || "query".into(), LIMITS)?, items, token_ids(labels, || "label_token_ids".into(), LIMITS)?, false, false, LIMITS)
     }
 
     #[test]
@@ -148,7 +143,7 @@ mod tests {
         let ok = input(&[1, 2], &[vec![3], vec![4, 99]], &[0, 5]).unwrap();
         assert_eq!(ok.items, vec![vec![3], vec![4, 99]]);
         assert_eq!(ok.prompt_tokens(), 5);
-        let item_first = ScoreInput::new(&[1, 2], &[vec![3], vec![4]], &[0], false, true, LIMITS).unwrap();
+        let item_first = ScoreInput::new(vec![1, 2], vec![vec![3], vec![4]], vec![0], false, true, LIMITS).unwrap();
         assert_eq!(item_first.prompt_tokens(), 6);
     }
 
@@ -162,6 +157,7 @@ mod tests {
         assert_eq!(input(&[-1], &[vec![2]], &[0]), out_of_range("query", -1));
         assert_eq!(input(&[1], &[vec![2], vec![100]], &[0]), out_of_range("items[1]", 100));
         assert_eq!(input(&[1], &[vec![2]], &[5, 1 << 40]), out_of_range("label_token_ids", 1 << 40));
+        assert_eq!(input(&[1], &[vec![2]], &[5, 100]), out_of_range("label_token_ids", 100));
         assert_eq!(
             input(&[1; 5], &[vec![2; 3], vec![2; 4]], &[0]),
             Err(ValidationError::SequenceTooLong { index: 1, tokens: 9, max_positions: 8 })
@@ -180,7 +176,9 @@ mod tests {
         let mixed = parse(r#"{"query":"q","items":[[2]],"label_token_ids":[1]}"#);
         assert_eq!(mixed.input(), Err(ValidationError::MixedInputKinds));
         let empty = parse(r#"{"query":[1],"items":[],"label_token_ids":[1]}"#);
-        assert_eq!(empty.input(), Err(ValidationError::NoItems));
+        assert_eq!(empty.input(), Ok(RequestInput::Ids { query: &[1], items: &[] }));
+        let empty = parse(r#"{"query":"q","items":[],"label_token_ids":[1]}"#);
+        assert_eq!(empty.input(), Ok(RequestInput::Text { query: "q", items: vec![] }));
     }
 
     #[test]

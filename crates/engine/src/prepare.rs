@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tally_core::{ModelLimits, RequestInput, ScoreInput, ScoreRequest, ValidationError};
+use tally_core::{token_ids, ModelLimits, RequestInput, ScoreInput, ScoreRequest, ValidationError};
 
 use crate::tokenizer::{TextTokenizer, TokenizerError};
 
@@ -51,8 +51,12 @@ impl RequestPreparer {
 
     /// Tokenizes text (if any) and validates everything against the model.
     pub fn prepare(&self, request: &ScoreRequest) -> Result<ScoreInput, RequestError> {
+        let limits = self.limits;
         let (query, items) = match request.input()? {
-            RequestInput::Ids { query, items } => (query.to_vec(), items.to_vec()),
+            RequestInput::Ids { query, items } => {
+                let items = items.iter().enumerate().map(|(index, item)| token_ids(item, || format!("items[{index}]"), limits)).collect::<Result<_, _>>()?;
+                (token_ids(query, || "query".to_owned(), limits)?, items)
+            }
             RequestInput::Text { query, items } => {
                 // The sequence's first text gets the BOS token, if the tokenizer adds one.
                 let tokenizer = self.tokenizer()?;
@@ -61,6 +65,7 @@ impl RequestPreparer {
                 (encode(query, !request.item_first)?, items)
             }
         };
-        Ok(ScoreInput::new(&query, &items, &request.label_token_ids, request.apply_softmax, request.item_first, self.limits)?)
+        let labels = token_ids(&request.label_token_ids, || "label_token_ids".to_owned(), limits)?;
+        Ok(ScoreInput::new(query, items, labels, request.apply_softmax, request.item_first, limits)?)
     }
 }

@@ -55,14 +55,14 @@ pub enum RerankSetupError {
 pub struct Reranker {
     template: RerankTemplate,
     /// `[yes, no]` token ids.
-    labels: [i64; 2],
+    labels: [u32; 2],
     preparer: RequestPreparer,
 }
 
 impl Reranker {
     pub fn new(template: RerankTemplate, preparer: &RequestPreparer) -> Result<Self, RerankSetupError> {
         let tokenizer = preparer.tokenizer()?;
-        let single_token = |answer: &str| -> Result<i64, RerankSetupError> {
+        let single_token = |answer: &str| -> Result<u32, RerankSetupError> {
             match tokenizer.encode(answer).map_err(RequestError::from)?.as_slice() {
                 [id] => Ok(*id),
                 ids => Err(RerankSetupError::AnswerNotOneToken { answer: answer.to_owned(), tokens: ids.len() }),
@@ -81,11 +81,11 @@ impl Reranker {
         let query_parts = fill(&self.template.query, &[("{instruction}", instruction), ("{query}", query)]);
         let query_ids = tokenizer.encode_prompt(&query_parts, true)?;
         let item_ids = documents.iter().map(|document| self.document_ids(tokenizer, query_ids.len(), document, truncation)).collect::<Result<Vec<_>, _>>()?;
-        Ok(ScoreInput::new(&query_ids, &item_ids, &self.labels, true, false, self.preparer.limits())?)
+        Ok(ScoreInput::new(query_ids, item_ids, self.labels.to_vec(), true, false, self.preparer.limits())?)
     }
 
     /// The document side of the prompt for `document`, cut to `truncation`.
-    fn document_ids(&self, tokenizer: &TextTokenizer, query_tokens: usize, document: &str, truncation: Truncation) -> Result<Vec<i64>, RequestError> {
+    fn document_ids(&self, tokenizer: &TextTokenizer, query_tokens: usize, document: &str, truncation: Truncation) -> Result<Vec<u32>, RequestError> {
         let encode = |document: &str| tokenizer.encode_prompt(&fill(&self.template.document, &[("{document}", document)]), false);
         let mut document = match truncation.document_tokens {
             Some(tokens) => tokenizer.truncate_text(document, tokens, truncation.side)?,

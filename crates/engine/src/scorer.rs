@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
-use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, HotPaths, ItemGroup, LabelTable, LoadError, OpenedModel, ScoringBackend};
+use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, HotPaths, ItemGroup, LabelTable, LoadError, OpenedModel, QueryBatch, ScoringBackend};
 
 use crate::prefill::prefill_queries;
 use crate::prefix_cache::PrefixLru;
@@ -172,12 +172,87 @@ impl<B: ScoringBackend> Scorer<B> {
         Ok(ScoreResponse::new(scores, model, input.prompt_tokens()))
     }
 
-    /// [`Self::score_batch_while`] with asynchronous readback; the one implementation of both.
+    /// [`Self::score_batch_while`] with asynchronous readback; the one implementation of both:
+    /// the queries prefilled (or taken from the cache), the items planned into passes, each
+    /// pass scored, the batch counted.
     async fn score_batch_while_async(&mut self, inputs: &[&ScoreInput], wanted: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Vec<Vec<f64>>>>, EngineError> {
         let mut dropped: Vec<bool> = (0..inputs.len()).map(|r| !wanted(r)).collect();
         let wanted_queries: Vec<Option<&[u32]>> = inputs.iter().zip(&dropped).map(|(input, &dropped)| (!input.item_first && !dropped).then_some(&*input.query)).collect();
         let queries = prefill_queries(&self.model, &mut self.prefix_cache, &self.stats, &wanted_queries, self.options.pass_budget.max_tokens);
         let queries = self.model.query_batch(queries);
+        let items = BatchItems::new(inputs);
+
+        let mut scores: Vec<Vec<Vec<f64>>> = inputs.iter().map(|input| vec![Vec::new(); input.items.len()]).collect();
+        for mut pass in plan_passes(&items.shapes(inputs, &queries), self.options.pass_budget) {
+            for (r, dropped) in dropped.iter_mut().enumerate() {
+                *dropped = *dropped || !wanted(r);
+            }
+            pass.retain(|&e| !dropped[items.entries[e].0]);
+            if pass.is_empty() {
+                continue;
+            }
+            self.stats.pass_items.observe(pass.len() as f64);
+            for (entry, row) in self.score_pass(&queries, inputs, &items, pass).await? {
+                let (r, i) = items.entries[entry];
+                scores[r][i] = row;
+            }
+        }
+        self.count_batch(inputs, &dropped);
+        Ok(scores.into_iter().zip(dropped).map(|(scores, dropped)| (!dropped).then_some(scores)).collect())
+    }
+
+    /// One forward pass over `pass` (entries of `items`): each item's label probabilities, by entry.
+    async fn score_pass(&self, queries: &QueryBatch<B>, inputs: &[&ScoreInput], items: &BatchItems<'_>, mut pass: Vec<usize>) -> Result<Vec<(usize, Vec<f64>)>, EngineError> {
+        // Items of one request must be adjacent: they form one prefix group.
+        pass.sort_by_key(|&e| items.entries[e].0);
+        let runs: Vec<&[usize]> = pass.chunk_by(|&a, &b| items.entries[a].0 == items.entries[b].0).collect();
+        let request_of = |run: &[usize]| items.entries[run[0]].0;
+        let groups: Vec<ItemGroup> = runs
+            .iter()
+            .map(|run| ItemGroup { query: request_of(run), items: run.iter().map(|&e| &*items.sequences[request_of(run)][items.entries[e].1]).collect() })
+            .collect();
+        let hidden = self.model.last_hidden(queries, &groups);
+        let row_labels: Vec<&[u32]> = runs.iter().flat_map(|run| std::iter::repeat_n(&*inputs[request_of(run)].labels, run.len())).collect();
+        let labels = LabelTable::new(&row_labels);
+        // One sweep over the vocabulary serves every row of the pass: rows that want only a
+        // softmax over their labels get it from log-probabilities just as well (the normalizer
+        // cancels).
+        let full_vocab = runs.iter().any(|run| !inputs[request_of(run)].apply_softmax);
+        let values = if full_vocab { self.model.label_logprobs(hidden, &labels) } else { self.model.label_logits(hidden, &labels) };
+        let values = to_host(values).await?;
+        let mut rows = values.chunks_exact(labels.width());
+        let mut scored = Vec::with_capacity(pass.len());
+        for run in runs {
+            let input = inputs[request_of(run)];
+            for &e in run {
+                let row = &rows.next().expect("one row per item")[..input.labels.len()];
+                scored.push((e, if input.apply_softmax { softmax(row) } else { row.iter().map(|v| v.exp()).collect() }));
+            }
+        }
+        Ok(scored)
+    }
+
+    /// The batch in the engine's counters: its size, what was scored, what was abandoned.
+    fn count_batch(&self, inputs: &[&ScoreInput], dropped: &[bool]) {
+        self.stats.batch_requests.observe(inputs.len() as f64);
+        let kept = || inputs.iter().zip(dropped).filter(|(_, &dropped)| !dropped).map(|(input, _)| input);
+        self.stats.items_scored.fetch_add(kept().map(|i| i.items.len() as u64).sum(), Relaxed);
+        self.stats.tokens_scored.fetch_add(kept().map(|i| i.prompt_tokens() as u64).sum(), Relaxed);
+        self.stats.requests_abandoned.fetch_add(dropped.iter().filter(|&&d| d).count() as u64, Relaxed);
+    }
+}
+
+/// Every item of a batch as the passes see it.
+struct BatchItems<'a> {
+    /// `sequences[r][i]`: the tokens item `i` of request `r` runs (`item + query` with
+    /// `item_first`, where nothing can be shared and the prefix is empty).
+    sequences: Vec<Vec<Cow<'a, [u32]>>>,
+    /// (request, item) of every item of the batch: the planner's entries.
+    entries: Vec<(usize, usize)>,
+}
+
+impl<'a> BatchItems<'a> {
+    fn new(inputs: &[&'a ScoreInput]) -> Self {
         let sequences: Vec<Vec<Cow<[u32]>>> = inputs
             .iter()
             .map(|input| {
@@ -188,54 +263,16 @@ impl<B: ScoringBackend> Scorer<B> {
                     .collect()
             })
             .collect();
-        // (request, item) for every item of the batch.
-        let entries: Vec<(usize, usize)> = sequences.iter().enumerate().flat_map(|(r, items)| (0..items.len()).map(move |i| (r, i))).collect();
-        let shapes: Vec<ItemShape> = entries.iter().map(|&(r, i)| ItemShape { prefix_len: queries.query_len(r), len: sequences[r][i].len(), group: r, labels: inputs[r].labels.len() }).collect();
+        let entries = sequences.iter().enumerate().flat_map(|(r, items)| (0..items.len()).map(move |i| (r, i))).collect();
+        BatchItems { sequences, entries }
+    }
 
-        let mut scores: Vec<Vec<Vec<f64>>> = inputs.iter().map(|input| vec![Vec::new(); input.items.len()]).collect();
-        for mut pass in plan_passes(&shapes, self.options.pass_budget) {
-            for (r, dropped) in dropped.iter_mut().enumerate() {
-                *dropped = *dropped || !wanted(r);
-            }
-            pass.retain(|&e| !dropped[entries[e].0]);
-            if pass.is_empty() {
-                continue;
-            }
-            // Items of one request must be adjacent: they form one prefix group.
-            pass.sort_by_key(|&e| entries[e].0);
-            let runs: Vec<&[usize]> = pass.chunk_by(|&a, &b| entries[a].0 == entries[b].0).collect();
-            let groups: Vec<ItemGroup> = runs
-                .iter()
-                .map(|run| {
-                    let request = entries[run[0]].0;
-                    ItemGroup { query: request, items: run.iter().map(|&e| &*sequences[request][entries[e].1]).collect() }
-                })
-                .collect();
-            let hidden = self.model.last_hidden(&queries, &groups);
-            let row_labels: Vec<&[u32]> = runs.iter().flat_map(|run| std::iter::repeat_n(&*inputs[entries[run[0]].0].labels, run.len())).collect();
-            let labels = LabelTable::new(&row_labels);
-            // One sweep over the vocabulary serves every row of the pass: rows that want only
-            // a softmax over their labels get it from log-probabilities just as well (the
-            // normalizer cancels).
-            let full_vocab = runs.iter().any(|run| !inputs[entries[run[0]].0].apply_softmax);
-            let values = if full_vocab { self.model.label_logprobs(hidden, &labels) } else { self.model.label_logits(hidden, &labels) };
-            let values = to_host(values).await?;
-            let mut rows = values.chunks_exact(labels.width());
-            for run in runs {
-                let input = inputs[entries[run[0]].0];
-                for &e in run {
-                    let row = &rows.next().expect("one row per item")[..input.labels.len()];
-                    scores[entries[e].0][entries[e].1] = if input.apply_softmax { softmax(row) } else { row.iter().map(|v| v.exp()).collect() };
-                }
-            }
-            self.stats.pass_items.observe(pass.len() as f64);
-        }
-        self.stats.batch_requests.observe(inputs.len() as f64);
-        let kept = || inputs.iter().zip(&dropped).filter(|(_, &dropped)| !dropped).map(|(input, _)| input);
-        self.stats.items_scored.fetch_add(kept().map(|i| i.items.len() as u64).sum(), Relaxed);
-        self.stats.tokens_scored.fetch_add(kept().map(|i| i.prompt_tokens() as u64).sum(), Relaxed);
-        self.stats.requests_abandoned.fetch_add(dropped.iter().filter(|&&d| d).count() as u64, Relaxed);
-        Ok(scores.into_iter().zip(dropped).map(|(scores, dropped)| (!dropped).then_some(scores)).collect())
+    /// What the pass planner needs of each entry.
+    fn shapes<B: Backend>(&self, inputs: &[&ScoreInput], queries: &QueryBatch<B>) -> Vec<ItemShape> {
+        self.entries
+            .iter()
+            .map(|&(r, i)| ItemShape { prefix_len: queries.query_len(r), len: self.sequences[r][i].len(), group: r, labels: inputs[r].labels.len() })
+            .collect()
     }
 }
 

@@ -1,9 +1,8 @@
-//! Text to token ids through the HF `tokenizers` crate: from `tokenizer.json`, or built from a
-//! GGUF file's vocabulary the way llama.cpp tokenizes it.
+//! Text to token ids through the HF `tokenizers` crate: from `tokenizer.json`, or from the
+//! `tokenizer.json` a GGUF file's vocabulary describes (`tally_model::gguf::tokenizer`).
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{json, Value};
 use tally_model::gguf::checkpoint::GgufVocabulary;
 use tally_model::TokenizerSource;
 
@@ -24,10 +23,10 @@ pub struct TextTokenizer {
     /// Built on first use: a copy of the whole vocabulary, which servers without rerank never need.
     literal: std::sync::OnceLock<tokenizers::Tokenizer>,
     /// The special tokens a template may contain, longest first (so the longest match wins).
-    special_tokens: Vec<(String, i64)>,
+    special_tokens: Vec<(String, u32)>,
     /// What the tokenizer puts before every sequence (a BOS token for Llama 3, nothing for
     /// Qwen or SmolLM2).
-    sequence_start: Vec<i64>,
+    sequence_start: Vec<u32>,
 }
 
 /// A piece of a prompt: template text, in which special-token strings are special tokens, or
@@ -51,7 +50,7 @@ pub enum TruncationSide {
 /// A prompt cut at the template's special tokens: the text between two of them is tokenized as
 /// one piece, as tokenizing the whole string would, whether it came from the template or the user.
 enum Segment {
-    Special(i64),
+    Special(u32),
     Text(String),
 }
 
@@ -83,42 +82,42 @@ impl TextTokenizer {
         if vocabulary.model != "gpt2" {
             return Ok(None);
         }
-        let json = gguf_tokenizer_json(vocabulary)?;
+        let json = vocabulary.tokenizer_json().map_err(|e| TokenizerError::Gguf(e.to_string()))?;
         let inner: tokenizers::Tokenizer = json.to_string().parse().map_err(|e: tokenizers::Error| TokenizerError::Gguf(e.to_string()))?;
         Self::new(inner).map(Some)
     }
 
     fn new(inner: tokenizers::Tokenizer) -> Result<Self, TokenizerError> {
         let start = inner.encode("", true).map_err(|e| TokenizerError::Encode(e.to_string()))?;
-        let mut special_tokens: Vec<(String, i64)> =
-            inner.get_added_tokens_decoder().into_iter().filter(|(_, token)| token.special).map(|(id, token)| (token.content, i64::from(id))).collect();
+        let mut special_tokens: Vec<(String, u32)> =
+            inner.get_added_tokens_decoder().into_iter().filter(|(_, token)| token.special).map(|(id, token)| (token.content, id)).collect();
         special_tokens.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
-        Ok(TextTokenizer { sequence_start: start.get_ids().iter().map(|&id| i64::from(id)).collect(), inner, literal: Default::default(), special_tokens })
+        Ok(TextTokenizer { sequence_start: start.get_ids().to_vec(), inner, literal: Default::default(), special_tokens })
     }
 
     /// Token ids of `text` without special tokens: query and items are tokenized separately and
     /// joined at token level, as SGLang does.
-    pub fn encode(&self, text: &str) -> Result<Vec<i64>, TokenizerError> {
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         let encoding = self.inner.encode(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
-        Ok(encoding.get_ids().iter().map(|&id| i64::from(id)).collect())
+        Ok(encoding.get_ids().to_vec())
     }
 
     /// `text` as the start of a sequence: with the BOS token the tokenizer adds, if any.
-    pub fn encode_sequence_start(&self, text: &str) -> Result<Vec<i64>, TokenizerError> {
+    pub fn encode_sequence_start(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         Ok([self.sequence_start.clone(), self.encode(text)?].concat())
     }
 
     /// Token ids of a prompt assembled from template and user text (with the BOS token first if
     /// `sequence_start`). Special-token strings count only in template parts; otherwise the ids
     /// are those of the joined string.
-    pub fn encode_prompt(&self, parts: &[PromptPart], sequence_start: bool) -> Result<Vec<i64>, TokenizerError> {
+    pub fn encode_prompt(&self, parts: &[PromptPart], sequence_start: bool) -> Result<Vec<u32>, TokenizerError> {
         let mut ids = if sequence_start { self.sequence_start.clone() } else { Vec::new() };
         for segment in self.segments(parts) {
             match segment {
                 Segment::Special(id) => ids.push(id),
                 Segment::Text(text) => {
                     let encoding = self.literal().encode(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
-                    ids.extend(encoding.get_ids().iter().map(|&id| i64::from(id)));
+                    ids.extend_from_slice(encoding.get_ids());
                 }
             }
         }
@@ -156,7 +155,8 @@ impl TextTokenizer {
                 while !text.is_char_boundary(start) {
                     start += 1;
                 }
-                &text[start..]
+                // The space a byte-level token carries in front is the cut's, not the text's.
+                text[start..].trim_start()
             }
         })
     }
@@ -197,68 +197,12 @@ impl TextTokenizer {
     }
 
     /// The earliest special token in `text` (the longest, where several start there).
-    fn first_special<'t>(&'t self, text: &str) -> Option<(usize, &'t str, i64)> {
+    fn first_special<'t>(&'t self, text: &str) -> Option<(usize, &'t str, u32)> {
         self.special_tokens
             .iter()
             .filter_map(|(token, id)| text.find(token.as_str()).map(|at| (at, token.as_str(), *id)))
             .min_by_key(|&(at, token, _)| (at, std::cmp::Reverse(token.len())))
     }
-}
-
-/// The pre-tokenizer llama.cpp uses for a GGUF `tokenizer.ggml.pre`.
-fn pre_tokenizer(pre: Option<&str>) -> Value {
-    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
-    let split = |pattern: &str| {
-        json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
-            byte_level(false),
-        ]})
-    };
-    match pre {
-        // Digits one by one, then GPT-2's byte-level split.
-        Some("smollm") => json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]}),
-        Some("qwen2") => split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
-        Some("llama-bpe") => split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
-        _ => byte_level(true),
-    }
-}
-
-/// A `tokenizer.json` document for a GGUF byte-level BPE vocabulary: tokens in id order, merges
-/// as given, control (3) and user-defined (4) tokens as special tokens, BOS when `add_bos`.
-fn gguf_tokenizer_json(v: &GgufVocabulary) -> Result<Value, TokenizerError> {
-    if !v.token_types.is_empty() && v.token_types.len() != v.tokens.len() {
-        return Err(TokenizerError::Gguf(format!("{} token types for {} tokens", v.token_types.len(), v.tokens.len())));
-    }
-    let vocab: serde_json::Map<String, Value> = v.tokens.iter().enumerate().map(|(id, token)| (token.clone(), json!(id))).collect();
-    let special: Vec<Value> = v
-        .token_types
-        .iter()
-        .enumerate()
-        .filter(|&(_, &kind)| kind == 3 || kind == 4)
-        .map(|(id, _)| json!({"id": id, "content": v.tokens[id], "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
-        .collect();
-    let post_processor = match v.bos_token_id.filter(|_| v.add_bos) {
-        Some(bos) => {
-            let token = v.tokens.get(bos as usize).ok_or_else(|| TokenizerError::Gguf(format!("BOS id {bos} is outside the vocabulary")))?;
-            json!({"type": "TemplateProcessing",
-                "single": [{"SpecialToken": {"id": token, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                "pair": [{"SpecialToken": {"id": token, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-                "special_tokens": {token: {"id": token, "ids": [bos], "tokens": [token]}}})
-        }
-        None => json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}),
-    };
-    Ok(json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": special,
-        "normalizer": null,
-        "pre_tokenizer": pre_tokenizer(v.pre.as_deref()),
-        "post_processor": post_processor,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null,
-            "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": v.merges},
-    }))
 }
 
 #[cfg(test)]
@@ -319,8 +263,9 @@ mod tests {
         }
         assert_eq!(tokenizer.truncate_text(text, total, TruncationSide::Left).unwrap(), text);
         assert_eq!(tokenizer.truncate_text(text, 0, TruncationSide::Right).unwrap(), "");
-        assert_eq!(tokenizer.truncate_text(text, 2, TruncationSide::Right).unwrap(), "The Eiffel");
-        assert_eq!(tokenizer.truncate_text(text, 3, TruncationSide::Left).unwrap(), "Japan.");
+        // Qwen3 reads "The Eiffel" as "The", " E", "iff", "el".
+        assert_eq!(tokenizer.truncate_text(text, 4, TruncationSide::Right).unwrap(), "The Eiffel");
+        assert_eq!(tokenizer.truncate_text(text, 3, TruncationSide::Left).unwrap(), "in Japan.");
     }
 
     /// A toy byte-level vocabulary: merges apply, control tokens stay whole, BOS is added

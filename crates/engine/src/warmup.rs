@@ -34,12 +34,10 @@ pub fn warmup_steps(max_pass_tokens: usize, limits: ModelLimits) -> Vec<WarmupSt
     // Whole items only: the largest pass is the budget rounded down to a multiple of them.
     let max_pass_tokens = (max_pass_tokens / item_tokens).max(1) * item_tokens;
     let pass_tokens = |size: usize| (size.min(max_pass_tokens) / item_tokens).max(1) * item_tokens;
-    let request = |seed: usize, query_tokens: usize, pass_tokens: usize, apply_softmax: bool| ScoreInput {
-        query: tokens(seed, query_tokens, limits.vocab_size),
-        items: (0..pass_tokens / item_tokens).map(|i| tokens(seed + 1 + i, item_tokens, limits.vocab_size)).collect(),
-        labels: vec![0, limits.vocab_size as u32 - 1],
-        apply_softmax,
-        item_first: false,
+    let request = |seed: usize, query_tokens: usize, pass_tokens: usize, apply_softmax: bool| {
+        let query = tokens(seed, query_tokens, limits.vocab_size);
+        let items = (0..pass_tokens / item_tokens).map(|i| tokens(seed + 1 + i, item_tokens, limits.vocab_size)).collect();
+        ScoreInput::new(query, items, vec![0, limits.vocab_size as u32 - 1], apply_softmax, false, limits).expect("warm-up requests stay inside the model's limits")
     };
     let step = |query_tokens: usize, pass_tokens: usize| WarmupStep {
         pass_tokens,

@@ -12,42 +12,35 @@ pub enum Family {
     Qwen2,
 }
 
-impl Family {
-    /// `model_type` values of `config.json` tally reads, for error messages.
-    pub const MODEL_TYPES: &'static str = "qwen3, llama, qwen2";
+/// Every family once: its `config.json` `model_type` (also its GGUF `general.architecture`) and
+/// its transformers class (`architectures[0]`). Everything that names a family reads this.
+const FAMILIES: [(Family, &str, &str); 3] = [
+    (Family::Qwen3, "qwen3", "Qwen3ForCausalLM"),
+    (Family::Llama, "llama", "LlamaForCausalLM"),
+    (Family::Qwen2, "qwen2", "Qwen2ForCausalLM"),
+];
 
+impl Family {
+    /// The family a `config.json` `model_type` or a GGUF `general.architecture` names.
     pub fn from_model_type(model_type: &str) -> Option<Self> {
-        match model_type {
-            "qwen3" => Some(Family::Qwen3),
-            "llama" => Some(Family::Llama),
-            "qwen2" => Some(Family::Qwen2),
-            _ => None,
-        }
+        FAMILIES.iter().find(|&&(_, name, _)| name == model_type).map(|&(family, ..)| family)
     }
 
     fn from_architecture(architecture: &str) -> Option<Self> {
-        match architecture {
-            "Qwen3ForCausalLM" => Some(Family::Qwen3),
-            "LlamaForCausalLM" => Some(Family::Llama),
-            "Qwen2ForCausalLM" => Some(Family::Qwen2),
-            _ => None,
-        }
+        FAMILIES.iter().find(|&&(.., class)| class == architecture).map(|&(family, ..)| family)
     }
 
     pub fn model_type(self) -> &'static str {
-        match self {
-            Family::Qwen3 => "qwen3",
-            Family::Llama => "llama",
-            Family::Qwen2 => "qwen2",
-        }
+        FAMILIES.iter().find(|&&(family, ..)| family == self).map(|&(_, name, _)| name).expect("every family is in the table")
     }
 
     pub fn architecture(self) -> &'static str {
-        match self {
-            Family::Qwen3 => "Qwen3ForCausalLM",
-            Family::Llama => "LlamaForCausalLM",
-            Family::Qwen2 => "Qwen2ForCausalLM",
-        }
+        FAMILIES.iter().find(|&&(family, ..)| family == self).map(|&(.., class)| class).expect("every family is in the table")
+    }
+
+    /// The `model_type`s tally runs, for error messages: `qwen3, llama, qwen2`.
+    pub fn names() -> String {
+        FAMILIES.map(|(_, name, _)| name).join(", ")
     }
 }
 
@@ -124,7 +117,7 @@ pub enum ConfigError {
     Parse(#[from] serde_json::Error),
     #[error("config.json: {0}")]
     Invalid(String),
-    #[error("unsupported model type `{0}`; tally runs: {types}", types = Family::MODEL_TYPES)]
+    #[error("unsupported model type `{0}`; tally runs: {types}", types = Family::names())]
     UnknownFamily(String),
 }
 

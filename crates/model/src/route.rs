@@ -1,7 +1,7 @@
 //! Which implementation runs a step of the model when several can: leaf types the decoder, the
 //! backend trait and the server share.
 
-pub use tally_shaders::TileShape;
+pub use tally_core::TileShape;
 
 /// How multi-item attention runs when the hot paths are the backend's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

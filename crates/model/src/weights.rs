@@ -27,7 +27,7 @@ pub enum WeightsError {
     Dtype { name: String, path: PathBuf, dtype: Dtype },
     #[error(transparent)]
     Gguf(#[from] crate::gguf::GgufError),
-    #[error("{path}: GGUF architecture `{arch}` is not supported; tally runs: {supported}", supported = crate::gguf::checkpoint::ARCHITECTURES)]
+    #[error("{path}: GGUF architecture `{arch}` is not supported; tally runs: {supported}", supported = crate::config::Family::names())]
     Architecture { path: PathBuf, arch: String },
 }
 

@@ -48,45 +48,11 @@ pub enum AttentionKernel {
     Tiled(TileShape),
 }
 
-/// The tiled kernel's tile: query rows per cube (16 per plane of 32 units) and keys per step.
-/// Larger tiles read each prefix key for more rows and sync less often; smaller ones need less
-/// shared memory and registers. [`TileShape::ROWS`] × [`TileShape::KEYS`] are the shapes built.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TileShape {
-    pub rows: usize,
-    pub keys: usize,
-}
+pub use tally_core::TileShape;
 
-impl Default for TileShape {
-    fn default() -> Self {
-        TileShape { rows: 64, keys: 16 }
-    }
-}
-
-/// `ROWSxKEYS`, as the flags and results spell it.
-impl std::fmt::Display for TileShape {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}x{}", self.rows, self.keys)
-    }
-}
-
-impl TileShape {
-    /// Rows per cube a tile may have: 1, 2, 4 or 8 planes of 16.
-    pub const ROWS: [usize; 4] = [16, 32, 64, 128];
-    /// Keys per step a tile may have.
-    pub const KEYS: [usize; 3] = [16, 32, 64];
-
-    /// `None` unless `rows` is in [`Self::ROWS`] and `keys` in [`Self::KEYS`].
-    pub fn new(rows: usize, keys: usize) -> Option<Self> {
-        (Self::ROWS.contains(&rows) && Self::KEYS.contains(&keys)).then_some(TileShape { rows, keys })
-    }
-
-    /// Whether a cube's shared memory fits `client`'s device at `head_dim` in `dtype`: the
-    /// staged keys and values, the score tile, and six words a row.
-    pub fn fits<R: CubeRuntime>(self, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> bool {
-        let bytes = 2 * self.keys * head_dim * dtype.size() + self.rows * self.keys * 4 + self.rows * 6 * 4;
-        bytes <= client.properties().hardware.max_shared_memory_size
-    }
+/// Whether a cube of `shape` fits the shared memory of `client`'s device at `head_dim` in `dtype`.
+pub fn tile_fits<R: CubeRuntime>(shape: TileShape, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> bool {
+    shape.shared_memory_bytes(head_dim, dtype.size()) <= client.properties().hardware.max_shared_memory_size
 }
 
 /// How one tiled call multiplies its tiles, picked per call from the device and dtype.
@@ -205,7 +171,7 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         // The tiled kernel where its tile fits this call, with tensor cores where they take it;
         // else the row kernel, which takes any tile it is given, whatever it was cut for.
         let tiled = match tiles.kernel {
-            AttentionKernel::Tiled(shape) if head_dim.is_multiple_of(2) && shape.fits(&client, head_dim, dtype) => {
+            AttentionKernel::Tiled(shape) if head_dim.is_multiple_of(2) && tile_fits(shape, &client, head_dim, dtype) => {
                 let math = if head_dim.is_multiple_of(16) && tensor_core_tiles(&client, dtype) { TileMath::Mma } else { TileMath::Register };
                 Some((math, shape))
             }

@@ -5,9 +5,6 @@ use super::{GgufError, GgufFile};
 use crate::config::{Family, ModelConfig, RopeConfig, RopeScaling};
 use crate::weights::{TensorSource, WeightsError};
 
-/// `general.architecture` values tally runs.
-pub const ARCHITECTURES: &str = "llama, qwen2, qwen3";
-
 pub struct GgufCheckpoint {
     file: GgufFile,
     config: ModelConfig,
@@ -143,12 +140,8 @@ fn unpermute_rows(values: &[f32], heads: usize, head_dim: usize, width: usize) -
 
 fn config_from_metadata(f: &GgufFile) -> Result<ModelConfig, WeightsError> {
     let arch = f.string("general.architecture")?;
-    let family = match arch {
-        "llama" => Family::Llama,
-        "qwen2" => Family::Qwen2,
-        "qwen3" => Family::Qwen3,
-        other => return Err(WeightsError::Architecture { path: f.path().to_owned(), arch: other.to_owned() }),
-    };
+    // GGUF names each family as `config.json`'s `model_type` does.
+    let family = Family::from_model_type(arch).ok_or_else(|| WeightsError::Architecture { path: f.path().to_owned(), arch: arch.to_owned() })?;
     let key = |name: &str| format!("{arch}.{name}");
     let hidden = f.usize(&key("embedding_length"))?;
     let heads = f.usize(&key("attention.head_count"))?;

@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod quant;
+pub mod tokenizer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
