@@ -6,6 +6,7 @@
 //! query, `text_2` the document); pairs that share a `text_1` run as one packed request with the
 //! query once.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::http::StatusCode;
@@ -110,15 +111,13 @@ pub async fn score(state: &AppState, fields: serde_json::Map<String, serde_json:
 
     // One job per distinct `text_1`, in order of first appearance; each pair's place in it.
     let mut jobs: Vec<(usize, Vec<String>)> = Vec::new();
+    let mut job_of_query: HashMap<&str, usize> = HashMap::new();
     let mut places = Vec::with_capacity(pairs.len());
     for &(first, second) in &pairs {
-        let job = match jobs.iter().position(|(query, _)| firsts[*query] == firsts[first]) {
-            Some(job) => job,
-            None => {
-                jobs.push((first, Vec::new()));
-                jobs.len() - 1
-            }
-        };
+        let job = *job_of_query.entry(&firsts[first]).or_insert_with(|| {
+            jobs.push((first, Vec::new()));
+            jobs.len() - 1
+        });
         places.push((job, jobs[job].1.len()));
         jobs[job].1.push(seconds[second].clone());
     }

@@ -38,11 +38,8 @@ pub(super) struct RerankJob {
 }
 
 impl RerankJob {
-    /// The cheap checks, before any tokenizing: reranking available, sizes within limits,
-    /// nothing empty.
-    fn check(&self, state: &AppState) -> Result<(), ApiError> {
-        state.rerank.as_ref().map_err(|reason| ApiError::new(StatusCode::BAD_REQUEST, format!("reranking is unavailable: {reason}")))?;
-        state.check_items(self.documents.len())?;
+    /// The cheap checks, before any tokenizing: nothing empty.
+    fn check(&self) -> Result<(), ApiError> {
         if self.documents.is_empty() {
             return Err(ApiError::new(StatusCode::BAD_REQUEST, format!("`{}` must contain at least one document", self.documents_field)).with_param(self.documents_field));
         }
@@ -63,13 +60,14 @@ impl RerankJob {
 /// Scores every job (one client request; several when a vLLM client pairs many queries with
 /// documents), each job's documents in one packed pass, all jobs queued together.
 pub(super) async fn relevance(state: &AppState, jobs: Vec<RerankJob>) -> Result<Vec<Relevance>, ApiError> {
+    let reranker = state.rerank.as_ref().map_err(|reason| ApiError::new(StatusCode::BAD_REQUEST, format!("reranking is unavailable: {reason}")))?;
+    let reranker = Arc::clone(reranker);
     for job in &jobs {
-        job.check(state)?;
+        job.check()?;
     }
     state.check_items(jobs.iter().map(|job| job.documents.len()).sum())?;
     let documents_field = jobs.first().map_or("documents", |job| job.documents_field);
     state.check_text_bytes(jobs.iter().map(RerankJob::text_bytes).sum(), documents_field)?;
-    let reranker = Arc::clone(state.rerank.as_ref().map_err(|reason| ApiError::new(StatusCode::BAD_REQUEST, reason.clone()))?);
     // Validation names scoring's fields (`items`); a rerank client's documents field is its own.
     let inputs = state
         .off_runtime(move || {
