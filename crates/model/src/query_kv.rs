@@ -156,3 +156,58 @@ pub struct ItemGroup<'a> {
     pub query: usize,
     pub items: Vec<&'a [u32]>,
 }
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::NdArray;
+    use burn::tensor::{Tensor, TensorData};
+
+    use super::*;
+
+    type B = NdArray<f32>;
+
+    /// Two layers of `len` tokens, 1 KV head of 2 dims; every value names its query, layer,
+    /// token and (for values) its tensor: `query·1000 + layer·100 + token·10 + dim (+ 5)`.
+    fn query(id: usize, len: usize) -> QueryKv<B> {
+        let tensor = |layer: usize, offset: f32| {
+            let values: Vec<f32> = (0..len).flat_map(|t| (0..2).map(move |d| (id * 1000 + layer * 100 + t * 10 + d) as f32 + offset)).collect();
+            Tensor::<B, 3>::from_data(TensorData::new(values, [1, len, 2]), &Default::default())
+        };
+        QueryKv::from_layers((0..2).map(|layer| PrefixKv { keys: tensor(layer, 0.0), values: tensor(layer, 5.0) }).collect())
+    }
+
+    fn host(tensor: &Tensor<B, 3>) -> Vec<f32> {
+        tensor.to_data().to_vec().unwrap()
+    }
+
+    #[test]
+    fn a_batch_joins_its_queries_end_to_end_skipping_empty_ones() {
+        let device = Default::default();
+        let batch = QueryBatch::new(vec![query(1, 2), QueryKv::empty(2, 1, 2, &device), query(3, 1)]);
+        assert_eq!([batch.span(0), batch.span(1), batch.span(2)], [(0, 2), (2, 0), (2, 1)]);
+        assert_eq!([batch.query_len(0), batch.query_len(1), batch.query_len(2)], [2, 0, 1]);
+        for layer in 0..2 {
+            let joined = batch.joined(layer);
+            let expected: Vec<f32> = [(1, 0), (1, 1), (3, 0)].iter().flat_map(|&(q, t)| (0..2).map(move |d| (q * 1000 + layer * 100 + t * 10 + d) as f32)).collect();
+            assert_eq!(host(&joined.keys), expected, "layer {layer}");
+            assert_eq!(host(&joined.values), expected.iter().map(|v| v + 5.0).collect::<Vec<_>>());
+            // A pass's groups read their own query's K/V on the plain path, the joined buffer on the kernels'.
+            let prefixes = LayerPrefixes::new(&batch, layer, &[2, 0]);
+            let groups = prefixes.per_group();
+            assert_eq!((groups[0].len(), groups[1].len()), (1, 2));
+            assert_eq!(host(&groups[0].keys), host(&batch.layer_of(2, layer).keys));
+            assert!(std::ptr::eq(prefixes.joined(), batch.joined(layer)), "joined once per batch");
+        }
+    }
+
+    #[test]
+    fn a_lone_query_is_its_own_joined_buffer_and_no_query_leaves_one_unread_token() {
+        let lone = QueryBatch::new(vec![query(7, 3)]);
+        assert_eq!(host(&lone.joined(1).keys), host(&lone.layer_of(0, 1).keys));
+        let none = QueryBatch::<B>::new(vec![QueryKv::empty(2, 1, 2, &Default::default())]);
+        assert_eq!(none.joined(0).len(), 1, "a buffer cannot be empty");
+        assert_eq!(none.span(0), (0, 0));
+        let sized = query(1, 4);
+        assert_eq!((sized.len(), sized.size_bytes()), (4, 2 * 2 * 4 * 2 * 4), "2 layers × (keys + values) × 4 tokens × 2 dims × f32");
+    }
+}
