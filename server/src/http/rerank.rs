@@ -97,7 +97,7 @@ pub(super) fn ranked(scores: &[f64], top_n: Option<usize>) -> Vec<usize> {
     order
 }
 
-/// `rerank-<time>-<n>`: unique within the process and unlikely across restarts.
+/// `<kind>-<time>-<n>` (`rerank-…`, `score-…`): unique within the process, unlikely across restarts.
 pub(super) fn next_id(kind: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
