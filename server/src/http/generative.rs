@@ -60,18 +60,16 @@ struct ItemScore {
 pub async fn generative_scoring(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Json<GenerativeScoringResponse>, VllmError> {
     let body = body.map_err(ApiError::unreadable_body)?;
     let request: GenerativeScoringRequest = serde_json::from_slice(&body).map_err(ApiError::malformed)?;
-    let model = state.model_name(request.model.as_deref())?;
     let request = ScoreRequest {
         query: request.query,
         items: request.items,
         label_token_ids: request.label_token_ids,
         apply_softmax: request.apply_softmax,
         item_first: request.item_first,
-        model: None,
+        model: request.model,
     };
-    let input = state.prepare(request).await?;
-    let prompt_tokens = input.prompt_tokens();
-    let scores = state.score(input).await?;
-    let data = scores.iter().enumerate().map(|(index, labels)| ItemScore { index, object: "score", score: labels[0] }).collect();
-    Ok(Json(GenerativeScoringResponse { id: next_id("generative-scoring"), object: "list", created: super::unix_seconds(), model, data, usage: tally_core::Usage::prompt(prompt_tokens) }))
+    let answer = super::score::scored(&state, request).await?;
+    let data = answer.scores.iter().enumerate().map(|(index, labels)| ItemScore { index, object: "score", score: labels[0] }).collect();
+    let id = next_id("generative-scoring");
+    Ok(Json(GenerativeScoringResponse { id, object: "list", created: super::unix_seconds(), model: answer.model, data, usage: answer.usage }))
 }

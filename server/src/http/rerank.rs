@@ -131,12 +131,16 @@ pub struct RerankRequest {
     max_tokens_per_doc: Option<usize>,
 }
 
-/// vLLM's `truncation_side`.
+/// The end of a document that gives way: vLLM's `truncation_side` spells it `left`/`right`,
+/// TEI's `truncation_direction` `Left`/`Right`; both spellings are taken everywhere.
 #[derive(Deserialize, utoipa::ToSchema, Default, Clone, Copy)]
 #[serde(rename_all = "lowercase")]
+#[schema(as = TruncationSide)]
 pub(super) enum Side {
+    #[serde(alias = "Left")]
     Left,
     #[default]
+    #[serde(alias = "Right")]
     Right,
 }
 

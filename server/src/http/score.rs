@@ -49,10 +49,15 @@ pub async fn score(State(state): State<Arc<AppState>>, body: Result<Bytes, Bytes
 }
 
 async fn label_scores(state: &AppState, fields: serde_json::Map<String, serde_json::Value>) -> Result<Json<ScoreResponse>, ApiError> {
-    let request: ScoreRequest = super::parse(fields)?;
+    Ok(Json(scored(state, super::parse(fields)?).await?))
+}
+
+/// A label-scoring request through validation and the queue: SGLang's answer, which vLLM's
+/// generative scoring reshapes.
+pub(super) async fn scored(state: &AppState, request: ScoreRequest) -> Result<ScoreResponse, ApiError> {
     let model = state.model_name(request.model.as_deref())?;
     let input = state.prepare(request).await?;
     let prompt_tokens = input.prompt_tokens();
     let scores = state.score(input).await?;
-    Ok(Json(ScoreResponse::new(scores, model, prompt_tokens)))
+    Ok(ScoreResponse::new(scores, model, prompt_tokens))
 }

@@ -9,10 +9,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use tally_engine::{Truncation, TruncationSide};
+use tally_engine::Truncation;
 
 use super::error::ApiError;
-use super::rerank::{ranked, relevance, RerankJob};
+use super::rerank::{ranked, relevance, RerankJob, Side};
 use super::AppState;
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -26,23 +26,12 @@ pub struct RerankRequest {
     truncate: Option<bool>,
     /// Which end of a text gives way when it is cut.
     #[serde(default)]
-    truncation_direction: Direction,
+    truncation_direction: Side,
     /// Scores as logits, log(P(yes) / P(no)), instead of probabilities.
     #[serde(default)]
     raw_scores: bool,
     #[serde(default)]
     return_text: bool,
-}
-
-/// TEI spells the directions `Left` and `Right`; the lower-case spelling is taken too.
-#[derive(Deserialize, utoipa::ToSchema, Default, Clone, Copy)]
-#[schema(as = TeiTruncationDirection)]
-enum Direction {
-    #[serde(alias = "left")]
-    Left,
-    #[default]
-    #[serde(alias = "right")]
-    Right,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -94,12 +83,8 @@ pub async fn rerank(state: &AppState, fields: serde_json::Map<String, serde_json
 
 async fn rank(state: &AppState, fields: serde_json::Map<String, serde_json::Value>) -> Result<Vec<Rank>, TeiError> {
     let request: RerankRequest = super::parse(fields)?;
-    let side = match request.truncation_direction {
-        Direction::Left => TruncationSide::Left,
-        Direction::Right => TruncationSide::Right,
-    };
     let prompt_tokens = request.truncate.unwrap_or(true).then(|| state.preparer.limits().max_positions);
-    let truncation = Truncation { prompt_tokens, side, ..Truncation::default() };
+    let truncation = Truncation { prompt_tokens, side: request.truncation_direction.into(), ..Truncation::default() };
     let texts = Arc::new(request.texts);
     let job = RerankJob { query: request.query, instruction: None, documents: Arc::clone(&texts), truncation, query_field: "query", documents_field: "texts" };
     let relevance = relevance(state, vec![job]).await?.pop().expect("one job, one answer");
