@@ -14,8 +14,9 @@ mod kernel_cases;
 
 use burn::tensor::{Tensor, TensorPrimitive};
 use kernel_cases::*;
-use tally_model::lm_head::{label_logprobs, LabelTable};
-use tally_model::{AttentionRoute, LayerPrefixes, QueryBatch, QueryKv, ScoringBackend};
+use tally_model::lm_head::label_logprobs;
+use tally_model::LabelTable;
+use tally_model::{AttentionRoute, Matmul, ScoringBackend};
 use tally_shaders::{AttentionKernel, StreamedLabelLogprobs, TileShape};
 
 /// Both kernels (the tiled one as its register tile in float32) against the CPU.
@@ -89,18 +90,8 @@ fn attention_every_tile_shape() {
 fn attention_through_the_fusion_backend_matches() {
     // The default `Wgpu`/`Cuda` types go through Burn's fusion layer: the wiring in tally-model.
     let case = Case { groups: vec![(40, vec![3, 9]), (7, vec![18])], q_heads: 4, kv_heads: 2, head_dim: 32 };
-    let (queries, keys, values, _) = case.inputs(7);
-    let layout = case.layout();
-    let (t, q, kv, d) = (layout.tokens(), case.q_heads, case.kv_heads, case.head_dim);
-    // As the model holds them: one query per group, joined by the batch on first use.
-    let batch = QueryBatch::new(case.prefixes_on::<Fused>(7).into_iter().map(|prefix| QueryKv::from_layers(vec![prefix])).collect());
-    let group_queries: Vec<usize> = (0..case.groups.len()).collect();
-    let spans: Vec<(usize, usize)> = group_queries.iter().map(|&g| batch.span(g)).collect();
-    let prefixes = LayerPrefixes::new(&batch, 0, &group_queries);
     for route in [AttentionRoute::Kernel, AttentionRoute::Tiled(TileShape::default())] {
-        let plan = Fused::plan_attention(route, &layout, &spans, q / kv, &Default::default());
-        let output = Fused::multi_item_attention(tensor(&queries, [t, q, d]), tensor(&keys, [t, kv, d]), tensor(&values, [t, kv, d]), &prefixes, &plan);
-        assert_close(&host(output), &case.expected(7), 1e-4, &format!("fused, {route:?}"));
+        assert_close(&case.routed_on::<Fused>(7, route), &case.expected(7), 1e-4, &format!("fused, {route:?}"));
     }
 }
 

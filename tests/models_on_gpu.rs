@@ -13,17 +13,15 @@ use std::path::{Path, PathBuf};
 
 use burn::backend::NdArray;
 use burn_cubecl::CubeBackend;
-use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, HotPaths, ItemGroup, LabelTable, ModelFiles, ScoringBackend, TileShape};
+use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, ItemGroup, LabelRoute, LabelTable, ModelFiles, Routes, ScoringBackend, TileShape};
 
-/// Label log-probabilities (on the routes given where the hot paths are the backend's) of three items after two queries prefilled together (a short one,
-/// and one of two chunks), two items on the first, one on the second, `[items][labels]`.
-fn label_logprobs<B: ScoringBackend>(model_dir: &Path, hot_paths: HotPaths, (attention, elementwise): (AttentionRoute, ElementwiseRoute)) -> Vec<f32> {
+/// Label log-probabilities on `routes` of three items after two queries prefilled together (a
+/// short one, and one of two chunks), two items on the first, one on the second, `[items][labels]`.
+fn label_logprobs<B: ScoringBackend>(model_dir: &Path, routes: Routes) -> Vec<f32> {
     let opened = ModelFiles::locate(model_dir).and_then(|files| files.open()).expect("fixture model opens");
     let device = B::Device::default();
     let mut model = DecoderModel::<B>::load(opened.config.clone(), opened.weights.as_ref(), &device, &mut |_, _| {}).expect("fixture model loads");
-    model.set_hot_paths(hot_paths);
-    model.set_attention_route(attention);
-    model.set_elementwise_route(elementwise);
+    model.set_routes(routes);
     let vocab = opened.config.vocab_size as u32;
     let token = |i: u32| (i * 37 + 11) % vocab;
     let queries: [Vec<u32>; 2] = [(0..23).map(token).collect(), (500..1030).map(token).collect()];
@@ -51,13 +49,13 @@ fn check<B: ScoringBackend>(backend: &str) {
     assert!(dirs.len() >= 6, "fixture models are missing");
     for dir in dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let plain = (AttentionRoute::Cascade, ElementwiseRoute::Burn);
-        let expected = label_logprobs::<NdArray<f32>>(&dir, HotPaths::Plain, plain);
+        let expected = label_logprobs::<NdArray<f32>>(&dir, Routes::PLAIN);
         // The backend's kernels: the row attention kernel with Burn's elementwise ops, the tiled
         // one with the fused elementwise kernels; then plain Burn ops.
-        let runs = [(HotPaths::Backend, (AttentionRoute::Kernel, ElementwiseRoute::Burn)), (HotPaths::Backend, (AttentionRoute::Tiled(TileShape::default()), ElementwiseRoute::Kernels)), (HotPaths::Plain, plain)];
-        for (hot_paths, routes) in runs {
-            assert_close(&label_logprobs::<B>(&dir, hot_paths, routes), &expected, &format!("{name} on {backend}, {hot_paths:?}, {routes:?}"));
+        let tiled = Routes { attention: AttentionRoute::Tiled(TileShape::default()), elementwise: ElementwiseRoute::Kernels, labels: LabelRoute::Kernel };
+        for routes in [Routes::default(), tiled, Routes::PLAIN] {
+            assert_eq!(B::routes(routes), routes, "a CubeCL backend runs every route asked");
+            assert_close(&label_logprobs::<B>(&dir, routes), &expected, &format!("{name} on {backend}, {routes}"));
         }
     }
 }

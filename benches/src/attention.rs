@@ -7,8 +7,7 @@ use anyhow::{ensure, Result};
 use clap::Args;
 use burn::tensor::{activation::softmax, backend::Backend, ElementConversion, Tensor, TensorData};
 use serde_json::{json, Value};
-use tally_model::attention::{self, PaddedPlan, PrefixKv};
-use tally_model::{AttentionRoute, ItemLayout, TileShape, LayerPrefixes, QueryBatch, QueryKv, ScoringBackend};
+use tally_model::{AttentionRoute, ItemLayout, PrefixKv, Routes, ScoringBackend, TileShape};
 
 use crate::rng::Rng;
 use crate::timing::median_seconds;
@@ -58,15 +57,12 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
 
     // Planned once per pass in the model, so timed apart from the per-layer run.
     let spans = [(0, a.prefix)];
-    let kernel_plan = || B::plan_attention(AttentionRoute::Kernel, &layout, &spans, group, &device);
-    let tiled_plan = || B::plan_attention(AttentionRoute::Tiled(tile), &layout, &spans, group, &device);
-    let cascade_plan = || PaddedPlan::<B>::new(&layout, group, &device);
-    let (planned_kernel, planned_tiled, planned_cascade) = (kernel_plan(), tiled_plan(), cascade_plan());
-    let batch = QueryBatch::new(vec![QueryKv::from_layers(vec![prefix.clone()])]);
-    let prefixes = LayerPrefixes::new(&batch, 0, &[0]);
-    let multi_item = || B::multi_item_attention(queries.clone(), keys.clone(), values.clone(), &prefixes, &planned_kernel);
-    let tiled = || B::multi_item_attention(queries.clone(), keys.clone(), values.clone(), &prefixes, &planned_tiled);
-    let cascade = || attention::multi_item_attention(queries.clone(), keys.clone(), values.clone(), &[&prefix], &planned_cascade);
+    let plan = |route| B::plan_attention(route, &layout, &spans, group, &device);
+    let (kernel_route, tiled_route) = (AttentionRoute::Kernel, AttentionRoute::Tiled(tile));
+    let (planned_kernel, planned_tiled, planned_cascade) = (plan(kernel_route), plan(tiled_route), plan(AttentionRoute::Cascade));
+    let multi_item = || planned_kernel.run(queries.clone(), keys.clone(), values.clone(), &prefix);
+    let tiled = || planned_tiled.run(queries.clone(), keys.clone(), values.clone(), &prefix);
+    let cascade = || planned_cascade.run(queries.clone(), keys.clone(), values.clone(), &prefix);
     let mask = dense_mask::<B>(a.prefix, &layout, group, &device);
     let dense = || dense_masked_attention(queries.clone(), keys.clone(), values.clone(), &prefix, mask.clone());
 
@@ -79,13 +75,14 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
     let tiled_ms = median_seconds(a.iterations, || tiled().sum().into_scalar()) * 1e3;
     let cascade_ms = median_seconds(a.iterations, || cascade().sum().into_scalar()) * 1e3;
     let dense_ms = median_seconds(a.iterations, || dense().sum().into_scalar()) * 1e3;
-    let kernel_plan_ms = median_seconds(a.iterations, kernel_plan) * 1e3;
-    let cascade_plan_ms = median_seconds(a.iterations, cascade_plan) * 1e3;
+    let kernel_plan_ms = median_seconds(a.iterations, || plan(kernel_route)) * 1e3;
+    let cascade_plan_ms = median_seconds(a.iterations, || plan(AttentionRoute::Cascade)) * 1e3;
 
     // Useful work: each row sees the prefix and its own item up to itself (QKᵀ and PV).
     let visible_keys: usize = (0..a.item_len).map(|k| a.prefix + k + 1).sum::<usize>() * a.items;
     let flop = 4.0 * (visible_keys * a.q_heads * a.head_dim) as f64;
     let tflops = |ms: f64| flop / (ms * 1e-3) / 1e12;
+    let runs = |attention| format!("{:?}", B::routes(Routes { attention, ..Routes::default() }).attention);
     Ok(json!({
         "benchmark": "multi-item attention, one layer",
         "backend": runs_on.backend,
@@ -97,6 +94,8 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
         "dense_masked_ms": dense_ms,
         "tiled_ms": tiled_ms,
         "tile": tile.to_string(),
+        // What the backend runs for each route asked (the CPU has no kernels: the cascade).
+        "routes_run": {"kernel": runs(kernel_route), "tiled": runs(tiled_route)},
         "cascade_ms": cascade_ms,
         "kernel_plan_ms": kernel_plan_ms,
         "cascade_plan_ms": cascade_plan_ms,

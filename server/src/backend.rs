@@ -39,10 +39,10 @@ pub enum DType {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Attention {
     /// tally's multi-item kernel on wgpu and CUDA, one query row per unit (masked tiles never
-    /// computed); the cascade on the CPU.
+    /// computed). The CPU has no kernels: it runs the cascade, and says so.
     Kernel,
     /// The tiled multi-item kernel: tiles of `--tile-rows` query rows × `--tile-keys` keys on
-    /// tensor cores (CUDA, bfloat16), in registers on wgpu and in float32; the cascade on the CPU.
+    /// tensor cores (CUDA, bfloat16), in registers on wgpu and in float32. The cascade on the CPU.
     Tiled,
     /// Prefix part as one batched matmul per KV head (tensor cores on CUDA), own-item part
     /// padded, merged by log-sum-exp: plain Burn ops.
@@ -55,7 +55,7 @@ pub enum Elementwise {
     /// Burn's ops (fused by Burn's fusion layer on wgpu and CUDA).
     Burn,
     /// tally's fused kernels on wgpu and CUDA: residual add + RMSNorm, the q/k norm with RoPE,
-    /// and `silu(gate) · up`, one launch each; Burn's ops on the CPU.
+    /// and `silu(gate) · up`, one launch each. Burn's ops on the CPU.
     Kernels,
 }
 
@@ -105,14 +105,14 @@ fn tile_size<const N: usize>(sizes: [&'static str; N]) -> impl clap::builder::Ty
 }
 
 impl DeviceArgs {
-    /// The model's routes these flags pick.
-    pub fn routes(&self) -> Routes {
+    /// The model's routes these flags ask for (the backend says what it runs for them).
+    pub fn routes(&self) -> tally_model::Routes {
         let attention = match self.attention {
             Attention::Kernel => tally_model::AttentionRoute::Kernel,
             Attention::Tiled => tally_model::AttentionRoute::Tiled(self.tile()),
             Attention::Cascade => tally_model::AttentionRoute::Cascade,
         };
-        Routes { attention, elementwise: self.elementwise.into() }
+        tally_model::Routes { attention, elementwise: self.elementwise.into(), ..Default::default() }
     }
 
     /// The tiled kernel's tile (`--tile-rows`, `--tile-keys`).
@@ -120,13 +120,6 @@ impl DeviceArgs {
         // Both sizes are among those the flags list, so the shape exists.
         tally_model::TileShape::new(self.tile_rows, self.tile_keys).unwrap_or_default()
     }
-}
-
-/// Which implementation runs each step of the model that has several.
-#[derive(Clone, Copy, Debug)]
-pub struct Routes {
-    pub attention: tally_model::AttentionRoute,
-    pub elementwise: tally_model::ElementwiseRoute,
 }
 
 /// Code generic over the backend, run with the backend the user picked.

@@ -133,9 +133,9 @@ pub struct ServeArgs {
     /// Device memory for prefilled queries kept across requests (MiB; 0 disables).
     #[arg(long, default_value_t = 512)]
     pub prefix_cache_mib: usize,
-    /// Listen at once instead of first running a pass of every shape class (GPU backends only:
-    /// kernel compilation and matmul autotuning, minutes on a cold GPU, would otherwise land on
-    /// the first requests).
+    /// Listen at once instead of first running a pass of every shape class the backend compiles
+    /// or tunes for (GPU backends; the CPU has none): kernel compilation and matmul autotuning,
+    /// minutes on a cold GPU, would otherwise land on the first requests.
     #[arg(long)]
     pub no_warmup: bool,
     /// Requests waiting for the model before new ones get 503.

@@ -6,9 +6,8 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use tally_core::PassBudget;
 use tally_engine::{Scorer, ScorerOptions};
-use tally_model::ScoringBackend;
+use tally_model::{Routes, ScoringBackend};
 
-use crate::backend::Routes;
 
 /// Loads `model` with a prefix cache of `prefix_cache_bytes`, the routes asked for,
 /// and passes of `max_batch_tokens` (`--max-batch-tokens`) or, if not given, as many as the
@@ -24,8 +23,12 @@ pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_c
     let scorer = Scorer::<B>::load_with_progress(model, device, options, &mut progress).with_context(|| format!("cannot load model {}", model.display()));
     bar.finish_and_clear();
     let mut scorer = scorer?;
-    scorer.set_attention_route(routes.attention);
-    scorer.set_elementwise_route(routes.elementwise);
+    scorer.set_routes(routes);
+    if scorer.routes() == routes {
+        tracing::info!("hot paths: {routes}");
+    } else {
+        tracing::info!("hot paths: {} (asked for {routes}: plain Burn ops where this backend has no kernel)", scorer.routes());
+    }
     let tokens = match (max_batch_tokens, scorer.device_pass_tokens()) {
         (Some(tokens), _) => tokens,
         (None, Some(tokens)) => {

@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 use tally_model::ScoringBackend;
 use tally_engine::{Reranker, Scheduler, SchedulerOptions, Scorer};
 
-use crate::backend::{dispatch, BackendKind, WithBackend};
+use crate::backend::{dispatch, WithBackend};
 use crate::cli::ServeArgs;
 use crate::http::auth::AuthConfig;
 use crate::http::error::ApiError;
@@ -54,7 +54,7 @@ impl WithBackend for ServeArgs {
         let name = served_names[0].clone();
         let mut scorer = crate::loading::load_scorer::<B>(&dir, &device, self.prefix_cache_mib << 20, self.max_batch_tokens, self.device.routes())?.with_model_name(name);
         let max_batch_tokens = scorer.max_pass_tokens();
-        if self.device.backend != BackendKind::Cpu && !self.no_warmup {
+        if !self.no_warmup {
             warm_up(&mut scorer)?;
         }
         let preparer = scorer.preparer().clone();
@@ -79,13 +79,17 @@ impl WithBackend for ServeArgs {
     }
 }
 
-/// One pass of every shape class before listening, logged step by step: on a cold GPU this
-/// compiles the kernels and tunes the matmuls, and is worth watching.
+/// One pass of every shape class the backend compiles or tunes for before listening, logged
+/// step by step: on a cold GPU this takes minutes and is worth watching. The CPU needs none.
 fn warm_up<B: ScoringBackend>(scorer: &mut Scorer<B>) -> Result<()> {
+    let steps = scorer.warmup_steps();
+    if steps.is_empty() {
+        return Ok(());
+    }
     let started = Instant::now();
     tracing::info!("warming up: one pass per shape class before listening (--no-warmup skips)");
     scorer
-        .warm_up(&mut |done, total, step| tracing::info!("warm-up {done}/{total}: {}-token query, {} item tokens a pass ({:.1} s)", step.query_tokens, step.pass_tokens, started.elapsed().as_secs_f64()))
+        .warm_up(&steps, &mut |done, total, step| tracing::info!("warm-up {done}/{total}: {}-token query, {} item tokens a pass ({:.1} s)", step.query_tokens, step.pass_tokens, started.elapsed().as_secs_f64()))
         .context("the warm-up pass failed")?;
     tracing::info!("warmed up in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())

@@ -10,10 +10,12 @@
 //!   and RoPE in one; [`swiglu`]: `silu(gate) · up` straight from the fused gate/up projection.
 //! - [`f32_matmul`]: a float32 matmul that stays float32 on devices whose tensor cores would
 //!   round it to tf32.
+//! - [`autotune`]: the shapes a warm-up meets so CubeCL has compiled and tuned for each class.
 //! - [`matmul_route`]: which library multiplies on CUDA; [`cublas`] (feature `cublas`): the
 //!   cuBLASLt route; [`cuda`]: CUDA's runtime type and free memory for generic code.
 
 pub mod attention;
+pub mod autotune;
 #[cfg(any(feature = "cublas", test))]
 mod blas_layout;
 #[cfg(feature = "cublas")]

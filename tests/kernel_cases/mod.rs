@@ -7,8 +7,7 @@ use burn::backend::NdArray;
 use burn::tensor::{backend::Backend, Tensor, TensorData, TensorPrimitive};
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::{tensor::CubeTensor, CubeBackend, CubeRuntime, FloatElement};
-use tally_model::attention::{multi_item_attention, PaddedPlan, PrefixKv};
-use tally_model::{ItemLayout, ScoringBackend};
+use tally_model::{AttentionRoute, ItemLayout, PrefixKv, ScoringBackend};
 use tally_shaders::{AttentionKernel, AttentionTiles, MultiItemAttention};
 
 pub type Reference = NdArray<f32>;
@@ -159,13 +158,25 @@ impl Case {
         self.groups.iter().zip(&prefixes).map(|((len, _), (k, v))| PrefixKv { keys: tensor(k, [kv, *len, d]), values: tensor(v, [kv, *len, d]) }).collect()
     }
 
-    /// The plain Burn path (the cascade) on backend `B`.
-    pub fn plain_on<B: ScoringBackend>(&self, seed: u64) -> Vec<f32> {
+    /// Every group's prefix on backend `B`, joined as the model joins a batch's queries, and
+    /// each group's span in it.
+    pub fn joined_prefix_on<B: Backend>(&self, seed: u64) -> (PrefixKv<B>, Vec<(usize, usize)>) {
+        let prefixes = self.prefixes_on::<B>(seed);
+        PrefixKv::join(&prefixes.iter().collect::<Vec<_>>())
+    }
+
+    /// Attention on `route` through backend `B`'s seam, as the model runs it.
+    pub fn routed_on<B: ScoringBackend>(&self, seed: u64, route: AttentionRoute) -> Vec<f32> {
         let (queries, keys, values, _) = self.inputs(seed);
         let layout = self.layout();
         let (t, q, kv, d) = (layout.tokens(), self.q_heads, self.kv_heads, self.head_dim);
-        let prefixes = self.prefixes_on::<B>(seed);
-        let plan = PaddedPlan::new(&layout, q / kv, &Default::default());
-        host(multi_item_attention(tensor::<B, 3>(&queries, [t, q, d]), tensor(&keys, [t, kv, d]), tensor(&values, [t, kv, d]), &prefixes.iter().collect::<Vec<_>>(), &plan))
+        let (prefix, spans) = self.joined_prefix_on::<B>(seed);
+        let plan = B::plan_attention(route, &layout, &spans, q / kv, &Default::default());
+        host(plan.run(tensor::<B, 3>(&queries, [t, q, d]), tensor(&keys, [t, kv, d]), tensor(&values, [t, kv, d]), &prefix))
+    }
+
+    /// The plain Burn path (the cascade) on backend `B`.
+    pub fn plain_on<B: ScoringBackend>(&self, seed: u64) -> Vec<f32> {
+        self.routed_on::<B>(seed, AttentionRoute::Cascade)
     }
 }

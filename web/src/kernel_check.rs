@@ -6,7 +6,7 @@ use burn::tensor::backend::Backend as _;
 use serde::Serialize;
 use tally_core::{Items, Query, ScoreRequest};
 use tally_engine::{EngineError, Scorer};
-use tally_model::HotPaths;
+use tally_model::Routes;
 
 use crate::Backend;
 
@@ -26,9 +26,9 @@ pub struct KernelCheck {
 /// Scores the check request both ways and leaves `scorer` on the path that may serve.
 pub async fn check_kernels(scorer: &mut Scorer<Backend>, vocab_size: usize) -> Result<KernelCheck, EngineError> {
     let request = check_request(vocab_size);
-    scorer.set_hot_paths(HotPaths::Plain);
+    scorer.set_routes(Routes::PLAIN);
     let plain = scorer.score_async(&request).await?.scores;
-    scorer.set_hot_paths(HotPaths::Backend);
+    scorer.set_routes(Routes::default());
     let kernels = scorer.score_async(&request).await?.scores;
     let error = max_relative_error(&kernels, &plain);
     let passed = error <= TOLERANCE;
@@ -36,7 +36,7 @@ pub async fn check_kernels(scorer: &mut Scorer<Backend>, vocab_size: usize) -> R
     let message = if passed {
         format!("tally's kernels agree with plain Burn ops on this adapter (max relative difference {error:.1e})")
     } else {
-        scorer.set_hot_paths(HotPaths::Plain);
+        scorer.set_routes(Routes::PLAIN);
         format!("tally's kernels disagree with plain Burn ops on this adapter ({adapter}; max relative difference {error:.1e}): scoring with plain Burn ops instead")
     };
     Ok(KernelCheck { passed, max_relative_error: error, message })

@@ -16,7 +16,7 @@ use burn_cubecl::CubeBackend;
 use serde::Serialize;
 use tally_core::ScoreRequest;
 use tally_engine::{EngineError, Scorer, ScorerOptions};
-use tally_model::{FileData, HotPaths, OpenedModel, RangedBytes};
+use tally_model::{FileData, OpenedModel, RangedBytes, Routes};
 use wasm_bindgen::prelude::*;
 
 mod kernel_check;
@@ -150,7 +150,7 @@ impl Model {
             return Err(JsError::new(&self.info.borrow().kernel_check.message));
         }
         let mut scorer = self.scorer.try_borrow_mut().map_err(|_| JsError::new("the model is busy scoring"))?;
-        scorer.set_hot_paths(if kernels { HotPaths::Backend } else { HotPaths::Plain });
+        scorer.set_routes(if kernels { Routes::default() } else { Routes::PLAIN });
         self.info.borrow_mut().kernels = kernels;
         Ok(())
     }

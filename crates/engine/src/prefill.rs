@@ -4,6 +4,7 @@
 //! once, across requests and within a batch).
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 
 use tally_model::{DecoderModel, QueryKv, ScoringBackend, PREFILL_CHUNK};
@@ -98,24 +99,57 @@ fn resume_point<'q, B: ScoringBackend>(model: &DecoderModel<B>, cache: &mut Pref
 /// Extends each `(base, tokens)`, as many at once as fit a pass of `max_tokens` query tokens.
 fn prefill_in_passes<B: ScoringBackend>(model: &DecoderModel<B>, stats: &EngineStats, work: Vec<(QueryKv<B>, &[u32])>, max_tokens: usize) -> Vec<QueryKv<B>> {
     stats.prefill_tokens.fetch_add(work.iter().map(|(_, tokens)| tokens.len() as u64).sum(), Relaxed);
+    let passes = passes(work.iter().map(|(_, tokens)| tokens.len().min(PREFILL_CHUNK)), max_tokens);
+    let mut work = work.into_iter();
     let mut done = Vec::with_capacity(work.len());
-    let mut batch: Vec<(QueryKv<B>, &[u32])> = Vec::new();
-    let mut batch_tokens = 0;
-    let flush = |batch: &mut Vec<(QueryKv<B>, &[u32])>, done: &mut Vec<QueryKv<B>>| {
-        let (bases, tokens): (Vec<_>, Vec<_>) = std::mem::take(batch).into_iter().unzip();
+    for pass in passes {
+        let (bases, tokens): (Vec<_>, Vec<_>) = work.by_ref().take(pass.len()).unzip();
         done.extend(model.prefill_batch(bases, &tokens));
-    };
-    for (base, tokens) in work {
-        let chunk = tokens.len().min(PREFILL_CHUNK);
-        if !batch.is_empty() && batch_tokens + chunk > max_tokens {
-            flush(&mut batch, &mut done);
-            batch_tokens = 0;
-        }
-        batch_tokens += chunk;
-        batch.push((base, tokens));
-    }
-    if !batch.is_empty() {
-        flush(&mut batch, &mut done);
     }
     done
+}
+
+/// Consecutive runs of queries whose first chunks (`chunks`, tokens each) share a prefill pass
+/// of at most `max_tokens` tokens; a pass always takes at least one query.
+fn passes(chunks: impl Iterator<Item = usize>, max_tokens: usize) -> Vec<Range<usize>> {
+    let mut passes: Vec<Range<usize>> = Vec::new();
+    let mut pass_tokens = 0;
+    for (index, chunk) in chunks.enumerate() {
+        match passes.last_mut() {
+            Some(pass) if pass_tokens + chunk <= max_tokens => {
+                pass.end = index + 1;
+                pass_tokens += chunk;
+            }
+            _ => {
+                passes.push(index..index + 1);
+                pass_tokens = chunk;
+            }
+        }
+    }
+    passes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cached_part_is_the_longest_whole_chunks_strictly_inside_the_query() {
+        let c = PREFILL_CHUNK;
+        for (len, aligned) in [(0, 0), (1, 0), (c - 1, 0), (c, 0), (c + 1, c), (2 * c, c), (2 * c + 1, 2 * c)] {
+            assert_eq!(aligned_len(&vec![7; len]), aligned, "a query of {len} tokens");
+        }
+    }
+
+    #[test]
+    fn queries_share_a_pass_up_to_the_budget_and_a_pass_takes_at_least_one() {
+        let c = PREFILL_CHUNK;
+        // Just under, at and past the budget.
+        assert_eq!(passes([100, 99].into_iter(), 200), [0..2]);
+        assert_eq!(passes([100, 100].into_iter(), 200), [0..2]);
+        assert_eq!(passes([100, 101].into_iter(), 200), [0..1, 1..2]);
+        // A chunk larger than the budget still runs, alone.
+        assert_eq!(passes([c, 10, 10, c].into_iter(), 100), [0..1, 1..3, 3..4]);
+        assert_eq!(passes(std::iter::empty(), 100), Vec::<Range<usize>>::new());
+    }
 }

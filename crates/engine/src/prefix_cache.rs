@@ -61,7 +61,7 @@ impl<B: Backend> PrefixLru<B> {
 mod tests {
     use burn::backend::NdArray;
     use burn::tensor::Tensor;
-    use tally_model::attention::PrefixKv;
+    use tally_model::PrefixKv;
     use tally_model::QueryKv;
 
     use super::PrefixLru;

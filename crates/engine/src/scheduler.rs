@@ -102,13 +102,7 @@ fn run_worker<B: ScoringBackend>(mut scorer: Scorer<B>, jobs: Receiver<Job>, opt
     let stats = scorer.stats();
     // `recv` keeps returning queued jobs after the handle is dropped, so shutdown drains.
     while let Ok(first) = jobs.recv() {
-        let mut tokens = first.input.prompt_tokens();
-        let mut batch = vec![first];
-        while tokens < options.max_batch_tokens {
-            let Ok(job) = jobs.try_recv() else { break };
-            tokens += job.input.prompt_tokens();
-            batch.push(job);
-        }
+        let batch = next_batch(first, &jobs, options.max_batch_tokens);
         stats.queue_depth.fetch_sub(batch.len() as i64, Relaxed);
 
         let inputs: Vec<&ScoreInput> = batch.iter().map(|job| &job.input).collect();
@@ -125,5 +119,68 @@ fn run_worker<B: ScoringBackend>(mut scorer: Scorer<B>, jobs: Receiver<Job>, opt
             // The client may have gone away; its answer is simply dropped.
             let _ = job.reply.send(result);
         }
+    }
+}
+
+/// `first` and the jobs queued behind it, taken while the batch holds fewer than
+/// `max_batch_tokens` prompt tokens (so the last one taken may cross it); later jobs stay queued.
+fn next_batch(first: Job, jobs: &Receiver<Job>, max_batch_tokens: usize) -> Vec<Job> {
+    let mut tokens = first.input.prompt_tokens();
+    let mut batch = vec![first];
+    while tokens < max_batch_tokens {
+        let Ok(job) = jobs.try_recv() else { break };
+        tokens += job.input.prompt_tokens();
+        batch.push(job);
+    }
+    batch
+}
+
+#[cfg(test)]
+mod tests {
+    use tally_core::ModelLimits;
+
+    use super::*;
+
+    /// A job of one item: `query_len` query tokens and one, `query_len + 1` prompt tokens.
+    fn job(query_len: usize) -> Job {
+        let limits = ModelLimits { vocab_size: 100, max_positions: 1000 };
+        let input = ScoreInput::new(vec![1; query_len], vec![vec![2]], vec![3], true, false, limits).unwrap();
+        assert_eq!(input.prompt_tokens(), query_len + 1);
+        Job { input, deadline: Instant::now(), reply: oneshot::channel().0 }
+    }
+
+    /// Prompt tokens of each job of the next batch, and of each job left queued.
+    fn batches(queued: &[usize], max_batch_tokens: usize) -> (Vec<usize>, Vec<usize>) {
+        let (queue, jobs) = sync_channel(queued.len());
+        for &len in queued {
+            queue.send(job(len - 1)).unwrap();
+        }
+        let first = jobs.recv().unwrap();
+        let batch = next_batch(first, &jobs, max_batch_tokens).iter().map(|job| job.input.prompt_tokens()).collect();
+        (batch, jobs.try_iter().map(|job| job.input.prompt_tokens()).collect())
+    }
+
+    #[test]
+    fn a_batch_takes_queued_jobs_until_it_reaches_the_token_budget() {
+        // Just under, at and past the budget with the second job.
+        assert_eq!(batches(&[40, 59, 10], 100), (vec![40, 59, 10], vec![]));
+        assert_eq!(batches(&[40, 60, 10], 100), (vec![40, 60], vec![10]));
+        assert_eq!(batches(&[40, 61, 10], 100), (vec![40, 61], vec![10]));
+        // A first job over the budget runs alone; nothing queued, a batch of one.
+        assert_eq!(batches(&[500, 10], 100), (vec![500], vec![10]));
+        assert_eq!(batches(&[10], 100), (vec![10], vec![]));
+    }
+
+    #[test]
+    fn a_full_queue_refuses_and_a_dropped_scheduler_is_closed() {
+        let (queue, jobs) = sync_channel(1);
+        let stats = Arc::new(EngineStats::default());
+        let scheduler = Scheduler { queue: Some(queue), worker: None, stats: Arc::clone(&stats), max_queue: 1 };
+        assert!(scheduler.submit(job(3).input, Instant::now()).is_ok());
+        assert!(matches!(scheduler.submit(job(3).input, Instant::now()), Err(ScheduleError::QueueFull(1))));
+        assert_eq!(stats.queue_depth.load(Relaxed), 1, "a refused request is not counted as queued");
+        drop(jobs);
+        assert!(matches!(scheduler.submit(job(3).input, Instant::now()), Err(ScheduleError::Closed)));
+        assert_eq!(stats.queue_depth.load(Relaxed), 1);
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
-use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, HotPaths, ItemGroup, LabelTable, LoadError, OpenedModel, QueryBatch, ScoringBackend};
+use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, OpenedModel, QueryBatch, Routes, ScoringBackend, PREFILL_CHUNK};
 
 use crate::prefill::prefill_queries;
 use crate::prefix_cache::PrefixLru;
@@ -81,19 +81,14 @@ impl<B: ScoringBackend> Scorer<B> {
         self
     }
 
-    /// Kernels or plain Burn ops for the hot paths (see [`HotPaths`]).
-    pub fn set_hot_paths(&mut self, hot_paths: HotPaths) {
-        self.model.set_hot_paths(hot_paths);
+    /// Asks for the hot paths' routes; the backend answers what it runs (see [`Routes`]).
+    pub fn set_routes(&mut self, requested: Routes) {
+        self.model.set_routes(requested);
     }
 
-    /// Which multi-item attention runs (see [`AttentionRoute`]).
-    pub fn set_attention_route(&mut self, route: AttentionRoute) {
-        self.model.set_attention_route(route);
-    }
-
-    /// How the layers' elementwise steps run (see [`ElementwiseRoute`]).
-    pub fn set_elementwise_route(&mut self, route: ElementwiseRoute) {
-        self.model.set_elementwise_route(route);
+    /// What runs each hot path.
+    pub fn routes(&self) -> Routes {
+        self.model.routes()
     }
 
     /// Most padded item tokens per pass that the device's free memory allows
@@ -122,12 +117,18 @@ impl<B: ScoringBackend> Scorer<B> {
         Arc::clone(&self.stats)
     }
 
-    /// Runs every pass shape class traffic can bring ([`warmup_steps`] for this scorer's pass
-    /// budget), so kernels are compiled and matmuls tuned before the first request;
-    /// `progress(done, total, step)` after each step. It leaves no trace: the prefix cache
-    /// starts empty afterwards and the statistics never see it.
-    pub fn warm_up(&mut self, progress: &mut dyn FnMut(usize, usize, &WarmupStep)) -> Result<(), EngineError> {
-        let steps = warmup_steps(self.options.pass_budget.max_tokens, self.preparer.limits());
+    /// The warm-up this scorer's backend needs before traffic: a step per shape class it
+    /// compiles or tunes for ([`ScoringBackend::warmup_rows`]), up to this scorer's pass budget
+    /// and queries of two prefill chunks (one resumed from the cache). None on the CPU.
+    pub fn warmup_steps(&self) -> Vec<WarmupStep> {
+        let max_pass_tokens = self.options.pass_budget.max_tokens;
+        warmup_steps(&B::warmup_rows(max_pass_tokens.max(2 * PREFILL_CHUNK)), max_pass_tokens, self.preparer.limits())
+    }
+
+    /// Runs `steps` (see [`Self::warmup_steps`]), so kernels are compiled and matmuls tuned
+    /// before the first request; `progress(done, total, step)` after each step. It leaves no
+    /// trace: the prefix cache starts empty afterwards and the statistics never see it.
+    pub fn warm_up(&mut self, steps: &[WarmupStep], progress: &mut dyn FnMut(usize, usize, &WarmupStep)) -> Result<(), EngineError> {
         let stats = std::mem::take(&mut self.stats);
         let outcome = steps.iter().enumerate().try_for_each(|(done, step)| {
             for batch in &step.batches {

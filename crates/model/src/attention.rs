@@ -2,8 +2,8 @@
 //!
 //! Items arrive packed (`[tokens, heads, head_dim]`, see [`ItemLayout`]); this path pads them
 //! to a common length `L` as `[N, L]` and back, with gathers planned once per pass
-//! ([`PaddedPlan`]). Items come in groups, each group sharing one
-//! prefix (the query of one request). An item row attends to (a) every key of its group's
+//! ([`PaddedPlan`]). Items come in groups, each group sharing one prefix (the query of one
+//! request), read from the pass's joined prefix K/V at the group's span. An item row attends to (a) every key of its group's
 //! prefix and (b) its own item's keys up to itself. The two parts are computed separately,
 //! each with its log-sum-exp, and merged exactly (cascade attention), so no mask over
 //! prefix + all items is ever built: the only mask is the `L × L` causal one. Padding rows
@@ -12,30 +12,9 @@
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
-use crate::backend::ScoringBackend;
+use crate::kv::PrefixKv;
 use crate::layout::ItemLayout;
-
-/// K/V of a shared prefix for one layer, `[kv_heads, prefix_len, head_dim]`, RoPE applied.
-#[derive(Clone, Debug)]
-pub struct PrefixKv<B: Backend> {
-    pub keys: Tensor<B, 3>,
-    pub values: Tensor<B, 3>,
-}
-
-impl<B: Backend> PrefixKv<B> {
-    pub fn len(&self) -> usize {
-        self.keys.dims()[1]
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Tokens `start..start + len`.
-    pub(crate) fn tokens(&self, start: usize, len: usize) -> Self {
-        PrefixKv { keys: self.keys.clone().narrow(1, start, len), values: self.values.clone().narrow(1, start, len) }
-    }
-}
+use crate::matmul::Matmul;
 
 /// What the padded path computes once per pass and every layer reuses: the gathers between
 /// packed and padded rows and the causal mask.
@@ -45,15 +24,16 @@ pub struct PaddedPlan<B: Backend> {
     /// Packed row `offsets[n] + k` reads padded slot `n·L + k`.
     packed_rows: Tensor<B, 1, Int>,
     causal_bias: Tensor<B, 2>,
-    /// Items per group.
-    group_sizes: Vec<usize>,
+    /// Per group: its prefix's (first token, length) in the joined prefix K/V, and its items.
+    groups: Vec<((usize, usize), usize)>,
     items: usize,
     len: usize,
 }
 
 impl<B: Backend> PaddedPlan<B> {
+    /// `prefix_spans[g]`: (first token, length) of group `g`'s prefix in the joined prefix K/V;
     /// `group`: query heads per KV head.
-    pub fn new(layout: &ItemLayout, group: usize, device: &B::Device) -> Self {
+    pub fn new(layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &B::Device) -> Self {
         let (items, len) = (layout.items(), layout.max_item_len());
         let padded_rows: Vec<i64> = (0..items)
             .flat_map(|n| (0..len).map(move |k| (layout.offsets()[n] + k.min(layout.item_len(n) - 1)) as i64))
@@ -67,7 +47,7 @@ impl<B: Backend> PaddedPlan<B> {
             padded_rows: index(padded_rows),
             packed_rows: index(packed_rows),
             causal_bias: causal_bias(len, group, device),
-            group_sizes: layout.group_sizes().collect(),
+            groups: prefix_spans.iter().copied().zip(layout.group_sizes()).collect(),
             items,
             len,
         }
@@ -81,21 +61,22 @@ struct Partial<B: Backend> {
 }
 
 /// `queries`: `[tokens, q_heads, head_dim]`; `keys`/`values`: `[tokens, kv_heads, head_dim]`,
-/// packed as planned; `prefixes[g]` is group `g`'s prefix. Returns `[tokens, q_heads, head_dim]`.
-pub fn multi_item_attention<B: ScoringBackend>(queries: Tensor<B, 3>, keys: Tensor<B, 3>, values: Tensor<B, 3>, prefixes: &[&PrefixKv<B>], plan: &PaddedPlan<B>) -> Tensor<B, 3> {
+/// packed as planned; `prefix`: every group's prefix end to end, at the planned spans (see
+/// [`PrefixKv::join`]). Returns `[tokens, q_heads, head_dim]`.
+pub fn multi_item_attention<B: Matmul>(queries: Tensor<B, 3>, keys: Tensor<B, 3>, values: Tensor<B, 3>, prefix: &PrefixKv<B>, plan: &PaddedPlan<B>) -> Tensor<B, 3> {
     let [tokens, q_heads, head_dim] = queries.dims();
     let (items, len) = (plan.items, plan.len);
     let pad = |t: Tensor<B, 3>| {
         let heads = t.dims()[1];
         t.select(0, plan.padded_rows.clone()).reshape([items, len, heads, head_dim])
     };
-    let padded = padded_attention(pad(queries), pad(keys), pad(values), prefixes, plan);
+    let padded = padded_attention(pad(queries), pad(keys), pad(values), prefix, plan);
     padded.reshape([items * len, q_heads, head_dim]).select(0, plan.packed_rows.clone()).reshape([tokens, q_heads, head_dim])
 }
 
 /// `queries`: `[N, L, q_heads, head_dim]`; `keys`/`values`: `[N, L, kv_heads, head_dim]`.
 /// Returns `[N, L, q_heads * head_dim]`.
-fn padded_attention<B: ScoringBackend>(queries: Tensor<B, 4>, keys: Tensor<B, 4>, values: Tensor<B, 4>, prefixes: &[&PrefixKv<B>], plan: &PaddedPlan<B>) -> Tensor<B, 3> {
+fn padded_attention<B: Matmul>(queries: Tensor<B, 4>, keys: Tensor<B, 4>, values: Tensor<B, 4>, prefix: &PrefixKv<B>, plan: &PaddedPlan<B>) -> Tensor<B, 3> {
     let [items, len, q_heads, head_dim] = queries.dims();
     let kv_heads = keys.dims()[2];
     let group = q_heads / kv_heads;
@@ -105,11 +86,10 @@ fn padded_attention<B: ScoringBackend>(queries: Tensor<B, 4>, keys: Tensor<B, 4>
     // that shares a KV head next to each other: GQA without repeating K/V.
     let queries = queries.mul_scalar(scale).reshape([items, len, kv_heads, group, head_dim]).swap_dims(1, 2); // [N, kv, L, g, d]
     let own = own_item_attention(queries.clone(), keys.swap_dims(1, 2), values.swap_dims(1, 2), &plan.causal_bias);
-    let output = if prefixes.iter().all(|prefix| prefix.is_empty()) {
+    let output = if plan.groups.iter().all(|&((_, prefix_len), _)| prefix_len == 0) {
         own.output
     } else {
-        let groups: Vec<(&PrefixKv<B>, usize)> = prefixes.iter().copied().zip(plan.group_sizes.iter().copied()).collect();
-        let prefix = prefix_attention(queries, &groups);
+        let prefix = prefix_attention(queries, prefix, &plan.groups);
         // Exact merge of two softmax-normalised parts by their log-sum-exps.
         let max = own.lse.clone().max_pair(prefix.lse.clone());
         let own_weight = (own.lse - max.clone()).exp();
@@ -121,7 +101,7 @@ fn padded_attention<B: ScoringBackend>(queries: Tensor<B, 4>, keys: Tensor<B, 4>
 }
 
 /// Each item against its own keys, causally. `queries`: `[N, kv, L, g, d]`, keys/values `[N, kv, L, d]`.
-fn own_item_attention<B: ScoringBackend>(queries: Tensor<B, 5>, keys: Tensor<B, 4>, values: Tensor<B, 4>, causal_bias: &Tensor<B, 2>) -> Partial<B> {
+fn own_item_attention<B: Matmul>(queries: Tensor<B, 5>, keys: Tensor<B, 4>, values: Tensor<B, 4>, causal_bias: &Tensor<B, 2>) -> Partial<B> {
     let [items, kv_heads, len, group, head_dim] = queries.dims();
     let queries = queries.reshape([items, kv_heads, len * group, head_dim]);
     let scores = B::matmul(queries, keys.swap_dims(2, 3)) + causal_bias.clone().unsqueeze::<4>();
@@ -129,20 +109,22 @@ fn own_item_attention<B: ScoringBackend>(queries: Tensor<B, 5>, keys: Tensor<B, 
     Partial { output, lse }
 }
 
-/// Each group's items against the group's prefix. Returns item-major partials for all `N`
-/// items; items whose prefix is empty get a log-sum-exp of −∞, so the merge ignores them.
-fn prefix_attention<B: ScoringBackend>(queries: Tensor<B, 5>, groups: &[(&PrefixKv<B>, usize)]) -> Partial<B> {
+/// Each group's items against the group's prefix (`groups`: its span in `joined`, its item
+/// count). Returns item-major partials for all `N` items; items whose prefix is empty get a
+/// log-sum-exp of −∞, so the merge ignores them.
+fn prefix_attention<B: Matmul>(queries: Tensor<B, 5>, joined: &PrefixKv<B>, groups: &[((usize, usize), usize)]) -> Partial<B> {
     let [_, kv_heads, len, group, head_dim] = queries.dims();
     let rows = len * group;
     let device = queries.device();
     let mut outputs = Vec::with_capacity(groups.len());
     let mut lses = Vec::with_capacity(groups.len());
     let mut first = 0;
-    for &(prefix, count) in groups {
-        if prefix.is_empty() {
+    for &((prefix_start, prefix_len), count) in groups {
+        if prefix_len == 0 {
             outputs.push(Tensor::zeros([count, kv_heads, rows, head_dim], &device));
             lses.push(Tensor::full([count, kv_heads, rows, 1], f32::NEG_INFINITY, &device));
         } else {
+            let prefix = joined.tokens(prefix_start, prefix_len);
             // [kv, count·rows, d]: one batched matmul per KV head covers every item of the group.
             let group_queries = queries.clone().narrow(0, first, count).swap_dims(0, 1).reshape([kv_heads, count * rows, head_dim]);
             let scores = B::matmul(group_queries, prefix.keys.clone().swap_dims(1, 2));
@@ -164,7 +146,7 @@ fn prefix_attention<B: ScoringBackend>(queries: Tensor<B, 5>, groups: &[(&Prefix
 /// The weights are normalised before the matmul, as `exp(scores − lse)`. Dividing the matmul's
 /// output by the row sums instead, with those sums also feeding the log-sum-exp, is computed
 /// wrong by burn-fusion 0.21 (wgpu; off by O(1), see `benches/gpu/NOTES.md`).
-fn softmax_times_values<B: ScoringBackend, const D: usize>(scores: Tensor<B, D>, values: Tensor<B, D>) -> (Tensor<B, D>, Tensor<B, D>) {
+fn softmax_times_values<B: Matmul, const D: usize>(scores: Tensor<B, D>, values: Tensor<B, D>) -> (Tensor<B, D>, Tensor<B, D>) {
     let max = scores.clone().max_dim(D - 1);
     let lse = max.clone() + (scores.clone() - max).exp().sum_dim(D - 1).log();
     (B::matmul((scores - lse.clone()).exp(), values), lse)

@@ -2,72 +2,30 @@
 //! full-vocabulary probabilities — a log-sum-exp streamed over vocabulary chunks, so
 //! `[rows, vocab]` never exists at once. Plain Burn ops: the reference and the CPU path.
 
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn::tensor::Tensor;
 
-use crate::backend::ScoringBackend;
+use crate::labels::LabelTable;
+use crate::matmul::Matmul;
 
 /// Vocabulary rows per chunk of the streamed log-sum-exp: `[rows, chunk]` logits at a time.
 pub const VOCAB_CHUNK: usize = 16_384;
 
-/// The label ids of every scored row, `[rows, width]`: rows of one request share its labels;
-/// a row with fewer labels than `width` repeats its first one (those columns are ignored).
-/// Also the pass's distinct labels, so the head's label rows are gathered once, not per row.
-#[derive(Clone, Debug)]
-pub struct LabelTable {
-    ids: Vec<u32>,
-    rows: usize,
-    width: usize,
-    /// Sorted, without repeats.
-    distinct: Vec<u32>,
-}
-
-impl LabelTable {
-    /// One label list per row (each non-empty).
-    pub fn new(rows: &[&[u32]]) -> Self {
-        let width = rows.iter().map(|labels| labels.len()).max().unwrap_or(0);
-        let ids: Vec<u32> = rows.iter().flat_map(|labels| (0..width).map(move |j| *labels.get(j).unwrap_or(&labels[0]))).collect();
-        let mut distinct = ids.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
-        LabelTable { ids, rows: rows.len(), width, distinct }
-    }
-
-    pub fn width(&self) -> usize {
-        self.width
-    }
-
-    pub fn to_tensor<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2, Int> {
-        let ids: Vec<i64> = self.ids.iter().map(|&id| id as i64).collect();
-        Tensor::from_data(TensorData::new(ids, [self.rows, self.width]), device)
-    }
-
-    /// The distinct label ids `[d]`, and where each row's labels sit among them `[rows, width]`.
-    fn distinct_and_columns<B: Backend>(&self, device: &B::Device) -> (Tensor<B, 1, Int>, Tensor<B, 2, Int>) {
-        let columns: Vec<i64> = self.ids.iter().map(|id| self.distinct.binary_search(id).expect("every id is distinct's") as i64).collect();
-        let distinct: Vec<i64> = self.distinct.iter().map(|&id| id as i64).collect();
-        (
-            Tensor::from_data(TensorData::new(distinct, [self.distinct.len()]), device),
-            Tensor::from_data(TensorData::new(columns, [self.rows, self.width]), device),
-        )
-    }
-}
-
 /// Logits of each row's labels, `[rows, width]`. `hidden`: `[rows, hidden]`; `head`: `[vocab, hidden]`.
 /// The pass's distinct label rows of the head are gathered once and multiplied in one matmul:
 /// memory `rows × distinct + distinct × hidden`, never `rows × width × hidden`.
-pub fn label_logits<B: ScoringBackend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
+pub fn label_logits<B: Matmul>(hidden: Tensor<B, 2>, head: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
     let (distinct, columns) = labels.distinct_and_columns::<B>(&hidden.device());
     B::matmul(hidden, head.select(0, distinct).transpose()).gather(1, columns)
 }
 
 /// Full-vocabulary log-probabilities of each row's labels, `[rows, width]`.
-pub fn label_logprobs<B: ScoringBackend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
+pub fn label_logprobs<B: Matmul>(hidden: Tensor<B, 2>, head: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
     let log_normalizer = log_normalizer(hidden.clone(), head.clone());
     label_logits(hidden, head, labels) - log_normalizer
 }
 
 /// `log Σ_v exp(logit_v)` per row, `[rows, 1]`, one vocabulary chunk at a time.
-fn log_normalizer<B: ScoringBackend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>) -> Tensor<B, 2> {
+fn log_normalizer<B: Matmul>(hidden: Tensor<B, 2>, head: Tensor<B, 2>) -> Tensor<B, 2> {
     let vocab = head.dims()[0];
     let mut running: Option<(Tensor<B, 2>, Tensor<B, 2>)> = None; // (max, Σ exp(logit − max))
     for start in (0..vocab).step_by(VOCAB_CHUNK) {
@@ -90,6 +48,7 @@ fn log_normalizer<B: ScoringBackend>(hidden: Tensor<B, 2>, head: Tensor<B, 2>) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::tensor::TensorData;
 
     type Cpu = burn::backend::NdArray<f32>;
 

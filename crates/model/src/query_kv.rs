@@ -4,7 +4,7 @@ use std::cell::OnceCell;
 
 use burn::tensor::{backend::Backend, Tensor};
 
-use crate::attention::PrefixKv;
+use crate::kv::{spans_end_to_end, PrefixKv};
 
 /// Query tokens per prefill chunk. A query cached at a multiple of this length resumes with
 /// the same chunk boundaries as a fresh prefill, so a cache hit is bit-identical to a miss.
@@ -61,10 +61,10 @@ impl<B: Backend> QueryKv<B> {
     }
 }
 
-/// The queries of a batch of requests, for every pass over their items. The plain path reads
-/// each query's K/V as it is; the kernels read one buffer per layer with every query end to end
-/// along the token axis (`[kv_heads, Σ len, head_dim]`), joined on first use — once per batch,
-/// not per pass or per layer — and a batch of one query is that query, no copy.
+/// The queries of a batch of requests, for every pass over their items. Every route of
+/// attention reads one buffer per layer with every query end to end along the token axis
+/// (`[kv_heads, Σ len, head_dim]`, see [`PrefixKv::join`]), joined on first use — once per
+/// batch, not per pass or per layer — and a batch of one query is that query, no copy.
 pub struct QueryBatch<B: Backend> {
     queries: Vec<QueryKv<B>>,
     /// Per query: its first token and length in the joined K/V.
@@ -76,18 +76,8 @@ impl<B: Backend> QueryBatch<B> {
     /// `queries` of one model (at least one; an empty query stands for none).
     pub fn new(queries: Vec<QueryKv<B>>) -> Self {
         assert!(!queries.is_empty(), "a batch has at least one query");
-        let mut spans = Vec::with_capacity(queries.len());
-        let mut total = 0;
-        for query in &queries {
-            spans.push((total, query.len()));
-            total += query.len();
-        }
+        let spans = spans_end_to_end(queries.iter().map(QueryKv::len));
         QueryBatch { queries, spans, joined: OnceCell::new() }
-    }
-
-    /// Query `index`'s K/V in layer `layer`.
-    pub(crate) fn layer_of(&self, index: usize, layer: usize) -> &PrefixKv<B> {
-        &self.queries[index].layers[layer]
     }
 
     /// Query `index`'s length.
@@ -100,53 +90,18 @@ impl<B: Backend> QueryBatch<B> {
         self.spans[index]
     }
 
-    /// Every query's K/V in layer `layer`, end to end (one unread token when all are empty:
-    /// a buffer can't be empty).
+    /// Every query's K/V in layer `layer`, end to end.
     pub fn joined(&self, layer: usize) -> &PrefixKv<B> {
         &self.joined.get_or_init(|| self.join())[layer]
     }
 
     fn join(&self) -> Vec<PrefixKv<B>> {
-        let non_empty: Vec<&QueryKv<B>> = self.queries.iter().filter(|q| !q.is_empty()).collect();
-        let layers = self.queries[0].layers.len();
-        (0..layers)
-            .map(|layer| match non_empty.as_slice() {
-                [] => {
-                    let empty = &self.queries[0].layers[layer].keys;
-                    let [kv_heads, _, head_dim] = empty.dims();
-                    let unread = Tensor::empty([kv_heads, 1, head_dim], &empty.device());
-                    PrefixKv { keys: unread.clone(), values: unread }
-                }
-                [query] => query.layers[layer].clone(),
-                _ => {
-                    let part = |pick: fn(&PrefixKv<B>) -> &Tensor<B, 3>| Tensor::cat(non_empty.iter().map(|q| pick(&q.layers[layer]).clone()).collect(), 1);
-                    PrefixKv { keys: part(|kv| &kv.keys), values: part(|kv| &kv.values) }
-                }
+        (0..self.queries[0].layers.len())
+            .map(|layer| {
+                let parts: Vec<&PrefixKv<B>> = self.queries.iter().map(|query| &query.layers[layer]).collect();
+                PrefixKv::join(&parts).0
             })
             .collect()
-    }
-}
-
-/// One layer's prefixes in a pass: group `g` attends to query `group_queries[g]` of `batch`.
-pub struct LayerPrefixes<'a, B: Backend> {
-    batch: &'a QueryBatch<B>,
-    layer: usize,
-    group_queries: &'a [usize],
-}
-
-impl<'a, B: Backend> LayerPrefixes<'a, B> {
-    pub fn new(batch: &'a QueryBatch<B>, layer: usize, group_queries: &'a [usize]) -> Self {
-        LayerPrefixes { batch, layer, group_queries }
-    }
-
-    /// Each group's prefix, as its own tensors (the plain path).
-    pub fn per_group(&self) -> Vec<&'a PrefixKv<B>> {
-        self.group_queries.iter().map(|&q| self.batch.layer_of(q, self.layer)).collect()
-    }
-
-    /// Every query of the batch end to end, one buffer (the kernels); see [`QueryBatch::joined`].
-    pub fn joined(&self) -> &'a PrefixKv<B> {
-        self.batch.joined(self.layer)
     }
 }
 
@@ -191,19 +146,14 @@ mod tests {
             let expected: Vec<f32> = [(1, 0), (1, 1), (3, 0)].iter().flat_map(|&(q, t)| (0..2).map(move |d| (q * 1000 + layer * 100 + t * 10 + d) as f32)).collect();
             assert_eq!(host(&joined.keys), expected, "layer {layer}");
             assert_eq!(host(&joined.values), expected.iter().map(|v| v + 5.0).collect::<Vec<_>>());
-            // A pass's groups read their own query's K/V on the plain path, the joined buffer on the kernels'.
-            let prefixes = LayerPrefixes::new(&batch, layer, &[2, 0]);
-            let groups = prefixes.per_group();
-            assert_eq!((groups[0].len(), groups[1].len()), (1, 2));
-            assert_eq!(host(&groups[0].keys), host(&batch.layer_of(2, layer).keys));
-            assert!(std::ptr::eq(prefixes.joined(), batch.joined(layer)), "joined once per batch");
+            assert!(std::ptr::eq(joined, batch.joined(layer)), "joined once per batch");
         }
     }
 
     #[test]
     fn a_lone_query_is_its_own_joined_buffer_and_no_query_leaves_one_unread_token() {
         let lone = QueryBatch::new(vec![query(7, 3)]);
-        assert_eq!(host(&lone.joined(1).keys), host(&lone.layer_of(0, 1).keys));
+        assert_eq!(host(&lone.joined(1).keys), host(&query(7, 3).layers[1].keys));
         let none = QueryBatch::<B>::new(vec![QueryKv::empty(2, 1, 2, &Default::default())]);
         assert_eq!(none.joined(0).len(), 1, "a buffer cannot be empty");
         assert_eq!(none.span(0), (0, 0));

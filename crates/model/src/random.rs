@@ -11,6 +11,7 @@ use safetensors::{Dtype, View};
 use serde_json::json;
 
 use crate::config::{ModelConfig, RopeScaling};
+use crate::tensor_names::{LayerTensor, TensorName};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
@@ -80,42 +81,42 @@ pub fn write_random_checkpoint(dir: &Path, config: &ModelConfig, seed: u64, max_
     let mut rng = Rng(seed);
     let (h, d) = (c.hidden_size, c.head_dim);
     let mut weights: Vec<(String, Bf16Tensor)> = Vec::new();
-    let mut linear = |name: String, outputs: usize, inputs: usize, gain: f64, rng: &mut Rng| {
+    let mut linear = |name: TensorName, outputs: usize, inputs: usize, gain: f64, rng: &mut Rng| {
         let std = gain / (inputs as f64).sqrt();
-        weights.push((name, tensor(vec![outputs, inputs], || std * rng.normal())));
+        weights.push((name.hf(), tensor(vec![outputs, inputs], || std * rng.normal())));
     };
     let mut plain: Vec<(String, Bf16Tensor)> = Vec::new();
-    let mut gains = |name: String, len: usize, lo: f64, hi: f64, rng: &mut Rng| plain.push((name, tensor(vec![len], || lo + (hi - lo) * rng.uniform())));
+    let mut gains = |name: TensorName, len: usize, lo: f64, hi: f64, rng: &mut Rng| plain.push((name.hf(), tensor(vec![len], || lo + (hi - lo) * rng.uniform())));
 
-    gains("model.norm.weight".into(), h, 0.5, 1.5, &mut rng);
+    gains(TensorName::FinalNorm, h, 0.5, 1.5, &mut rng);
     for layer in 0..c.num_hidden_layers {
-        let p = format!("model.layers.{layer}.");
-        gains(format!("{p}input_layernorm.weight"), h, 0.5, 1.5, &mut rng);
-        gains(format!("{p}post_attention_layernorm.weight"), h, 0.5, 1.5, &mut rng);
+        let weight = |tensor| TensorName::layer(layer, tensor);
+        gains(weight(LayerTensor::InputNorm), h, 0.5, 1.5, &mut rng);
+        gains(weight(LayerTensor::PostAttentionNorm), h, 0.5, 1.5, &mut rng);
         if c.qk_norm {
-            gains(format!("{p}self_attn.q_norm.weight"), d, 1.0, 2.0, &mut rng);
-            gains(format!("{p}self_attn.k_norm.weight"), d, 1.0, 2.0, &mut rng);
+            gains(weight(LayerTensor::QNorm), d, 1.0, 2.0, &mut rng);
+            gains(weight(LayerTensor::KNorm), d, 1.0, 2.0, &mut rng);
         }
         if c.attention_bias {
-            for (proj, width) in [("q", c.num_attention_heads * d), ("k", c.num_key_value_heads * d), ("v", c.num_key_value_heads * d)] {
-                gains(format!("{p}self_attn.{proj}_proj.bias"), width, -0.5, 0.5, &mut rng);
+            for (proj, width) in [(LayerTensor::QProj, c.num_attention_heads * d), (LayerTensor::KProj, c.num_key_value_heads * d), (LayerTensor::VProj, c.num_key_value_heads * d)] {
+                gains(TensorName::layer_bias(layer, proj), width, -0.5, 0.5, &mut rng);
             }
         }
-        linear(format!("{p}self_attn.q_proj.weight"), c.num_attention_heads * d, h, 1.0, &mut rng);
-        linear(format!("{p}self_attn.k_proj.weight"), c.num_key_value_heads * d, h, 1.0, &mut rng);
-        linear(format!("{p}self_attn.v_proj.weight"), c.num_key_value_heads * d, h, 1.0, &mut rng);
-        linear(format!("{p}self_attn.o_proj.weight"), h, c.num_attention_heads * d, 1.0 / (c.num_hidden_layers as f64).sqrt(), &mut rng);
-        linear(format!("{p}mlp.gate_proj.weight"), c.intermediate_size, h, 1.0, &mut rng);
-        linear(format!("{p}mlp.up_proj.weight"), c.intermediate_size, h, 1.0, &mut rng);
-        linear(format!("{p}mlp.down_proj.weight"), h, c.intermediate_size, 1.0 / (c.num_hidden_layers as f64).sqrt(), &mut rng);
+        linear(weight(LayerTensor::QProj), c.num_attention_heads * d, h, 1.0, &mut rng);
+        linear(weight(LayerTensor::KProj), c.num_key_value_heads * d, h, 1.0, &mut rng);
+        linear(weight(LayerTensor::VProj), c.num_key_value_heads * d, h, 1.0, &mut rng);
+        linear(weight(LayerTensor::OProj), h, c.num_attention_heads * d, 1.0 / (c.num_hidden_layers as f64).sqrt(), &mut rng);
+        linear(weight(LayerTensor::GateProj), c.intermediate_size, h, 1.0, &mut rng);
+        linear(weight(LayerTensor::UpProj), c.intermediate_size, h, 1.0, &mut rng);
+        linear(weight(LayerTensor::DownProj), h, c.intermediate_size, 1.0 / (c.num_hidden_layers as f64).sqrt(), &mut rng);
     }
     if !c.tie_word_embeddings {
-        linear("lm_head.weight".into(), c.vocab_size, h, 3.0, &mut rng);
+        linear(TensorName::LmHead, c.vocab_size, h, 3.0, &mut rng);
     }
     // Tied heads scale the embeddings so logits spread about 3 units (the input side is
     // RMS-normalised by the first layer anyway); untied ones keep unit embeddings.
     let embed_std = if c.tie_word_embeddings { 3.0 / (h as f64).sqrt() } else { 1.0 };
-    weights.push(("model.embed_tokens.weight".into(), tensor(vec![c.vocab_size, h], || embed_std * rng.normal())));
+    weights.push((TensorName::Embeddings.hf(), tensor(vec![c.vocab_size, h], || embed_std * rng.normal())));
     weights.extend(plain);
 
     // Greedy sharding in name order.
@@ -207,9 +208,9 @@ mod tests {
             let read = ModelConfig::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
             assert_eq!(read, config);
             let checkpoint = Checkpoint::open(&dir).unwrap();
-            let gains = checkpoint.read("model.layers.1.input_layernorm.weight", &[64]).unwrap();
+            let gains = checkpoint.read(TensorName::layer(1, LayerTensor::InputNorm), &[64]).unwrap();
             assert!(gains.iter().all(|g| (0.49..=1.51).contains(g)));
-            let embed = checkpoint.read("model.embed_tokens.weight", &[151_936, 64]).unwrap();
+            let embed = checkpoint.read(TensorName::Embeddings, &[151_936, 64]).unwrap();
             let mean_square = embed.iter().map(|v| f64::from(v * v)).sum::<f64>() / embed.len() as f64;
             assert!((mean_square / (9.0 / 64.0) - 1.0).abs() < 0.05, "{mean_square}");
             assert_eq!(dir.join("model.safetensors.index.json").is_file(), max_shard_bytes != usize::MAX);

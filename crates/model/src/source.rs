@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::config::{ConfigError, ModelConfig};
 use crate::file_data::FileData;
 use crate::gguf::checkpoint::GgufVocabulary;
-use crate::gguf::{GgufCheckpoint, GgufFile};
+use crate::gguf::{GgufCheckpoint, GgufError, GgufFile};
 use crate::weights::{Checkpoint, TensorSource, WeightsError};
 
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +17,8 @@ pub enum LoadError {
     Config { path: PathBuf, source: ConfigError },
     #[error(transparent)]
     Weights(#[from] WeightsError),
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
     #[error("{0}: not a model: expected a directory with config.json, a .gguf file, or a directory holding one .gguf")]
     NotAModel(PathBuf),
     #[error("{dir} holds several .gguf files ({files}); pass the one to load")]
@@ -61,11 +63,11 @@ impl OpenedModel {
 
     /// A GGUF file not on disk; `name` stands for its path in errors.
     pub fn from_gguf_data(name: &str, data: FileData) -> Result<Self, LoadError> {
-        Self::from_gguf(GgufCheckpoint::new(GgufFile::from_data(name.into(), data).map_err(WeightsError::from)?)?)
+        Self::from_gguf(GgufCheckpoint::new(GgufFile::from_data(name.into(), data)?)?)
     }
 
     fn from_gguf(checkpoint: GgufCheckpoint) -> Result<Self, LoadError> {
-        let vocabulary = checkpoint.vocabulary().map_err(WeightsError::from)?;
+        let vocabulary = checkpoint.vocabulary()?;
         let tokenizer = vocabulary.map_or(TokenizerSource::None, |v| TokenizerSource::Gguf(Box::new(v)));
         Ok(OpenedModel { config: checkpoint.config().clone(), weights: Box::new(checkpoint), tokenizer })
     }

@@ -1,6 +1,6 @@
-//! Where weights come from: [`TensorSource`] hands the model f32 tensors under Hugging Face names;
-//! [`Checkpoint`] reads safetensors (single file or sharded with an index), and
-//! [`GgufCheckpoint`](crate::gguf::GgufCheckpoint) reads GGUF.
+//! Where weights come from: [`TensorSource`] hands the model f32 tensors by [`TensorName`];
+//! [`Checkpoint`] reads safetensors (single file or sharded with an index); the `gguf` module's
+//! `GgufCheckpoint` reads GGUF.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use safetensors::{tensor::Metadata, Dtype, SafeTensors};
 
 use crate::file_data::FileData;
+use crate::tensor_names::TensorName;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -25,16 +26,12 @@ pub enum WeightsError {
     Shape { name: String, path: PathBuf, found: Vec<usize>, expected: Vec<usize> },
     #[error("tensor `{name}` in {path} has dtype {dtype:?}; only F32, BF16 and F16 are supported")]
     Dtype { name: String, path: PathBuf, dtype: Dtype },
-    #[error(transparent)]
-    Gguf(#[from] crate::gguf::GgufError),
-    #[error("{path}: GGUF architecture `{arch}` is not supported; tally runs: {supported}", supported = crate::config::Family::names())]
-    Architecture { path: PathBuf, arch: String },
 }
 
-/// Tensors by their Hugging Face names, as row-major f32.
+/// The decoder's tensors, as row-major f32, each named as its format names it.
 pub trait TensorSource {
-    /// The tensor `name` after checking that its shape is `expected`.
-    fn read(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>, WeightsError>;
+    /// The tensor `name` after checking that its shape is `expected` (Hugging Face's).
+    fn read(&self, name: TensorName, expected: &[usize]) -> Result<Vec<f32>, WeightsError>;
 }
 
 struct Shard {
@@ -94,7 +91,9 @@ impl Checkpoint {
 }
 
 impl TensorSource for Checkpoint {
-    fn read(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>, WeightsError> {
+    fn read(&self, name: TensorName, expected: &[usize]) -> Result<Vec<f32>, WeightsError> {
+        let name = name.hf();
+        let name = name.as_str();
         let missing = || WeightsError::MissingTensor { name: name.to_owned() };
         let shard = &self.shards[*self.shard_of.get(name).ok_or_else(missing)?];
         let info = shard.metadata.info(name).ok_or_else(missing)?;
@@ -167,7 +166,7 @@ mod tests {
     fn file() -> Vec<u8> {
         let a: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|v| v.to_le_bytes()).collect();
         let b: Vec<u8> = [0.5f32, -0.5].iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect();
-        let views = [("a", TensorView::new(Dtype::F32, vec![2, 3], &a).unwrap()), ("b", TensorView::new(Dtype::BF16, vec![2], &b).unwrap())];
+        let views = [(TensorName::Embeddings.hf(), TensorView::new(Dtype::F32, vec![2, 3], &a).unwrap()), (TensorName::FinalNorm.hf(), TensorView::new(Dtype::BF16, vec![2], &b).unwrap())];
         safetensors::serialize(views, None).unwrap()
     }
 
@@ -176,9 +175,10 @@ mod tests {
         let owned = Checkpoint::from_data(vec![("in-memory".into(), FileData::Owned(file()))]).unwrap();
         let remote = Checkpoint::from_data(vec![("remote".into(), FileData::Ranged(Box::new(Remote(file()))))]).unwrap();
         for checkpoint in [owned, remote] {
-            assert_eq!(checkpoint.read("a", &[2, 3]).unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-            assert_eq!(checkpoint.read("b", &[2]).unwrap(), vec![0.5, -0.5]);
-            assert!(matches!(checkpoint.read("a", &[3, 2]), Err(WeightsError::Shape { .. })));
+            assert_eq!(checkpoint.read(TensorName::Embeddings, &[2, 3]).unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+            assert_eq!(checkpoint.read(TensorName::FinalNorm, &[2]).unwrap(), vec![0.5, -0.5]);
+            assert!(matches!(checkpoint.read(TensorName::Embeddings, &[3, 2]), Err(WeightsError::Shape { .. })));
+            assert!(matches!(checkpoint.read(TensorName::LmHead, &[2, 3]), Err(WeightsError::MissingTensor { .. })));
         }
     }
 

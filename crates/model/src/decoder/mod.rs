@@ -10,15 +10,16 @@ use std::marker::PhantomData;
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
-use crate::attention::PrefixKv;
-use crate::backend::{AttentionPlan, ScoringBackend};
+use crate::backend::ScoringBackend;
 use crate::config::ModelConfig;
-use crate::layout::ItemLayout;
-use crate::lm_head::{self, LabelTable};
-use crate::query_kv::{ItemGroup, LayerPrefixes, QueryBatch, QueryKv, PREFILL_CHUNK};
-use crate::rope::Rope;
 use crate::elementwise::{self, rms_norm};
-use crate::route::{AttentionRoute, ElementwiseRoute};
+use crate::kv::PrefixKv;
+use crate::labels::LabelTable;
+use crate::layout::ItemLayout;
+use crate::lm_head;
+use crate::query_kv::{ItemGroup, QueryBatch, QueryKv, PREFILL_CHUNK};
+use crate::rope::Rope;
+use crate::route::{ElementwiseRoute, LabelRoute, Routes};
 
 pub struct DecoderModel<B: Backend> {
     config: ModelConfig,
@@ -28,21 +29,8 @@ pub struct DecoderModel<B: Backend> {
     final_norm: Tensor<B, 1>,
     /// `[vocab, hidden]`, `None` when tied to `embed_tokens`.
     lm_head: Option<Tensor<B, 2>>,
-    /// Whether the hot paths run the backend's own kernels or plain Burn ops.
-    hot_paths: HotPaths,
-    attention_route: AttentionRoute,
-    elementwise_route: ElementwiseRoute,
-}
-
-/// How the two hot paths (multi-item attention, the full-vocabulary label log-probabilities) run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HotPaths {
-    /// The backend's [`ScoringBackend`] implementation: tally's CubeCL kernels on wgpu and CUDA.
-    #[default]
-    Backend,
-    /// Plain Burn ops on any backend: the reference, and the fallback where a kernel cannot run
-    /// (a browser whose WebGPU gets them wrong).
-    Plain,
+    /// What runs each hot path, as the backend answered for the routes asked.
+    routes: Routes,
 }
 
 struct DecoderLayer<B: Backend> {
@@ -65,16 +53,14 @@ impl<B: ScoringBackend> DecoderModel<B> {
         &self.config
     }
 
-    pub fn set_hot_paths(&mut self, hot_paths: HotPaths) {
-        self.hot_paths = hot_paths;
+    /// Asks for `requested`; the backend says what it runs for them ([`ScoringBackend::routes`]).
+    pub fn set_routes(&mut self, requested: Routes) {
+        self.routes = B::routes(requested);
     }
 
-    pub fn set_attention_route(&mut self, route: AttentionRoute) {
-        self.attention_route = route;
-    }
-
-    pub fn set_elementwise_route(&mut self, route: ElementwiseRoute) {
-        self.elementwise_route = route;
+    /// What runs each hot path.
+    pub fn routes(&self) -> Routes {
+        self.routes
     }
 
     pub fn device(&self) -> B::Device {
@@ -157,9 +143,9 @@ impl<B: ScoringBackend> DecoderModel<B> {
 
     /// Full-vocabulary log-probabilities of each row's labels, `[rows, labels.width()]`.
     pub fn label_logprobs(&self, hidden: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
-        match self.hot_paths {
-            HotPaths::Backend => B::label_logprobs(hidden, self.head(), labels),
-            HotPaths::Plain => lm_head::label_logprobs(hidden, self.head(), labels),
+        match self.routes.labels {
+            LabelRoute::Kernel => B::label_logprobs(hidden, self.head(), labels),
+            LabelRoute::Burn => lm_head::label_logprobs(hidden, self.head(), labels),
         }
     }
 
@@ -182,14 +168,10 @@ impl<B: ScoringBackend> DecoderModel<B> {
         let rope = Rope::new(&layout.positions(), &c.rope.inverse_frequencies(c.head_dim), &device);
         let prefix_spans: Vec<(usize, usize)> = group_queries.iter().map(|&q| queries.span(q)).collect();
         let group = c.num_attention_heads / c.num_key_value_heads;
-        let route = match self.hot_paths {
-            HotPaths::Backend => self.attention_route,
-            HotPaths::Plain => AttentionRoute::Cascade,
-        };
-        let attention = AttentionPlan::new(route, layout, &prefix_spans, group, &device);
+        let attention = B::plan_attention(self.routes.attention, layout, &prefix_spans, group, &device);
         let (q_width, kv_width) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
 
-        let steps = Elementwise::<B> { kernels: self.hot_paths == HotPaths::Backend && self.elementwise_route == ElementwiseRoute::Kernels, eps: c.rms_norm_eps, _backend: PhantomData };
+        let steps = Elementwise::<B> { route: self.routes.elementwise, eps: c.rms_norm_eps, _backend: PhantomData };
         // Each block's output waits to be added until the next norm, which adds it in the same launch.
         let mut pending: Option<Tensor<B, 2>> = None;
         for (index, layer) in self.layers.iter().enumerate() {
@@ -208,7 +190,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
             if let Some(kept) = keep_kv.as_deref_mut() {
                 kept.push(PrefixKv { keys: k.clone().swap_dims(0, 1), values: v.clone().swap_dims(0, 1) });
             }
-            let attended = attention.run(q, k, v, &LayerPrefixes::new(queries, index, group_queries));
+            let attended = attention.run(q, k, v, queries.joined(index));
             let attention_out = B::matmul(attended.reshape([count, q_width]), layer.o_proj.clone());
 
             let (residual, h) = steps.add_rms_norm(x, Some(attention_out), &layer.post_attention_norm);
@@ -223,33 +205,33 @@ impl<B: ScoringBackend> DecoderModel<B> {
     }
 }
 
-/// The layers' elementwise steps on the route picked: the backend's fused kernels or Burn's ops.
+/// The layers' elementwise steps on their route: the backend's fused kernels or Burn's ops.
 struct Elementwise<B> {
-    kernels: bool,
+    route: ElementwiseRoute,
     eps: f64,
     _backend: PhantomData<B>,
 }
 
 impl<B: ScoringBackend> Elementwise<B> {
     fn add_rms_norm<const D: usize>(&self, x: Tensor<B, D>, delta: Option<Tensor<B, D>>, gain: &Tensor<B, 1>) -> (Tensor<B, D>, Tensor<B, D>) {
-        match self.kernels {
-            true => B::add_rms_norm(x, delta, gain, self.eps),
-            false => elementwise::add_rms_norm(x, delta, gain, self.eps),
+        match self.route {
+            ElementwiseRoute::Kernels => B::add_rms_norm(x, delta, gain, self.eps),
+            ElementwiseRoute::Burn => elementwise::add_rms_norm(x, delta, gain, self.eps),
         }
     }
 
     fn norm_rope(&self, x: Tensor<B, 3>, gain: Option<&Tensor<B, 1>>, rope: &Rope<B>) -> Tensor<B, 3> {
         let (cos, sin) = rope.tables();
-        match self.kernels {
-            true => B::norm_rope(x, gain, cos, sin, self.eps),
-            false => elementwise::norm_rope(x, gain, cos, sin, self.eps),
+        match self.route {
+            ElementwiseRoute::Kernels => B::norm_rope(x, gain, cos, sin, self.eps),
+            ElementwiseRoute::Burn => elementwise::norm_rope(x, gain, cos, sin, self.eps),
         }
     }
 
     fn silu_mul(&self, gate_up: Tensor<B, 2>) -> Tensor<B, 2> {
-        match self.kernels {
-            true => B::silu_mul(gate_up),
-            false => elementwise::silu_mul(gate_up),
+        match self.route {
+            ElementwiseRoute::Kernels => B::silu_mul(gate_up),
+            ElementwiseRoute::Burn => elementwise::silu_mul(gate_up),
         }
     }
 }

@@ -1,8 +1,9 @@
-//! A GGUF file as a tally checkpoint: the architecture from its metadata, its tensors under
-//! Hugging Face names (dequantised, Llama's q/k rows un-permuted), and its tokenizer vocabulary.
+//! A GGUF file as a tally checkpoint: the architecture from its metadata, its tensors by their
+//! GGUF names (dequantised, Llama's q/k rows un-permuted), and its tokenizer vocabulary.
 
 use super::{GgufError, GgufFile};
 use crate::config::{Family, ModelConfig, RopeConfig, RopeScaling};
+use crate::tensor_names::{LayerTensor, TensorName};
 use crate::weights::{TensorSource, WeightsError};
 
 pub struct GgufCheckpoint {
@@ -29,11 +30,11 @@ pub struct GgufVocabulary {
 
 impl GgufCheckpoint {
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn open(path: &std::path::Path) -> Result<Self, WeightsError> {
+    pub fn open(path: &std::path::Path) -> Result<Self, GgufError> {
         Self::new(GgufFile::open(path)?)
     }
 
-    pub fn new(file: GgufFile) -> Result<Self, WeightsError> {
+    pub fn new(file: GgufFile) -> Result<Self, GgufError> {
         let config = config_from_metadata(&file)?;
         Ok(GgufCheckpoint { file, config })
     }
@@ -63,42 +64,11 @@ impl GgufCheckpoint {
             add_bos: f.optional_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(true),
         }))
     }
-
-    /// The GGUF name of a Hugging Face tensor name.
-    fn gguf_name(name: &str) -> Option<String> {
-        let fixed = match name {
-            "model.embed_tokens.weight" => Some("token_embd.weight"),
-            "model.norm.weight" => Some("output_norm.weight"),
-            "lm_head.weight" => Some("output.weight"),
-            _ => None,
-        };
-        if let Some(fixed) = fixed {
-            return Some(fixed.to_owned());
-        }
-        let rest = name.strip_prefix("model.layers.")?;
-        let (layer, part) = rest.split_once('.')?;
-        let (module, kind) = part.rsplit_once('.')?;
-        let module = match module {
-            "input_layernorm" => "attn_norm",
-            "self_attn.q_proj" => "attn_q",
-            "self_attn.k_proj" => "attn_k",
-            "self_attn.v_proj" => "attn_v",
-            "self_attn.o_proj" => "attn_output",
-            "self_attn.q_norm" => "attn_q_norm",
-            "self_attn.k_norm" => "attn_k_norm",
-            "post_attention_layernorm" => "ffn_norm",
-            "mlp.gate_proj" => "ffn_gate",
-            "mlp.up_proj" => "ffn_up",
-            "mlp.down_proj" => "ffn_down",
-            _ => return None,
-        };
-        Some(format!("blk.{layer}.{module}.{kind}"))
-    }
 }
 
 impl TensorSource for GgufCheckpoint {
-    fn read(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>, WeightsError> {
-        let gguf_name = Self::gguf_name(name).unwrap_or_else(|| name.to_owned());
+    fn read(&self, name: TensorName, expected: &[usize]) -> Result<Vec<f32>, WeightsError> {
+        let gguf_name = name.gguf();
         let missing = || WeightsError::MissingTensor { name: format!("{gguf_name} ({name})") };
         let info = self.file.tensor(&gguf_name).ok_or_else(missing)?;
         // A 1-D expectation matches `[n]`; GGUF may also store vectors as `[1, n]`.
@@ -109,10 +79,10 @@ impl TensorSource for GgufCheckpoint {
         let values = self.file.read_f32(info);
         // convert_hf_to_gguf permutes Llama's q/k rows for ggml's interleaved RoPE; tally
         // rotates halves as transformers does, so the permutation is undone.
-        let heads = match name.rsplit('.').nth(1) {
+        let heads = match name {
             _ if self.config.family != Family::Llama => None,
-            Some("q_proj") => Some(self.config.num_attention_heads),
-            Some("k_proj") => Some(self.config.num_key_value_heads),
+            TensorName::Layer { tensor: LayerTensor::QProj, .. } => Some(self.config.num_attention_heads),
+            TensorName::Layer { tensor: LayerTensor::KProj, .. } => Some(self.config.num_key_value_heads),
             _ => None,
         };
         Ok(match heads {
@@ -138,10 +108,10 @@ fn unpermute_rows(values: &[f32], heads: usize, head_dim: usize, width: usize) -
     out
 }
 
-fn config_from_metadata(f: &GgufFile) -> Result<ModelConfig, WeightsError> {
+fn config_from_metadata(f: &GgufFile) -> Result<ModelConfig, GgufError> {
     let arch = f.string("general.architecture")?;
     // GGUF names each family as `config.json`'s `model_type` does.
-    let family = Family::from_model_type(arch).ok_or_else(|| WeightsError::Architecture { path: f.path().to_owned(), arch: arch.to_owned() })?;
+    let family = Family::from_model_type(arch).ok_or_else(|| GgufError::Architecture { path: f.path().to_owned(), arch: arch.to_owned() })?;
     let key = |name: &str| format!("{arch}.{name}");
     let hidden = f.usize(&key("embedding_length"))?;
     let heads = f.usize(&key("attention.head_count"))?;
@@ -160,7 +130,8 @@ fn config_from_metadata(f: &GgufFile) -> Result<ModelConfig, WeightsError> {
             .into());
         }
     }
-    let embedding = f.tensor("token_embd.weight").ok_or_else(|| WeightsError::MissingTensor { name: "token_embd.weight".into() })?;
+    let embedding_name = TensorName::Embeddings.gguf();
+    let embedding = f.tensor(&embedding_name).ok_or_else(|| GgufError::MissingTensor { path: f.path().to_owned(), name: embedding_name.clone() })?;
     let scaling = if let Some(info) = f.tensor("rope_freqs.weight") {
         RopeScaling::Factors(f.read_f32(info).into_iter().map(f64::from).collect())
     } else {
@@ -188,9 +159,9 @@ fn config_from_metadata(f: &GgufFile) -> Result<ModelConfig, WeightsError> {
         rms_norm_eps: f.optional_f64(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
         rope: RopeConfig { theta: f.optional_f64(&key("rope.freq_base"))?.unwrap_or(10_000.0), scaling },
         max_position_embeddings: f.usize(&key("context_length"))?,
-        tie_word_embeddings: f.tensor("output.weight").is_none(),
-        qk_norm: f.tensor("blk.0.attn_q_norm.weight").is_some(),
-        attention_bias: f.tensor("blk.0.attn_q.bias").is_some(),
+        tie_word_embeddings: f.tensor(&TensorName::LmHead.gguf()).is_none(),
+        qk_norm: f.tensor(&TensorName::layer(0, LayerTensor::QNorm).gguf()).is_some(),
+        attention_bias: f.tensor(&TensorName::layer_bias(0, LayerTensor::QProj).gguf()).is_some(),
     };
     config.check().map_err(|e| GgufError::Metadata { path: f.path().to_owned(), key: format!("{arch}.*"), problem: e.to_string() })?;
     Ok(config)
@@ -199,21 +170,6 @@ fn config_from_metadata(f: &GgufFile) -> Result<ModelConfig, WeightsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn maps_hf_names_to_gguf_names() {
-        for (hf, gguf) in [
-            ("model.embed_tokens.weight", "token_embd.weight"),
-            ("lm_head.weight", "output.weight"),
-            ("model.layers.12.self_attn.q_proj.bias", "blk.12.attn_q.bias"),
-            ("model.layers.0.self_attn.k_norm.weight", "blk.0.attn_k_norm.weight"),
-            ("model.layers.3.post_attention_layernorm.weight", "blk.3.ffn_norm.weight"),
-            ("model.layers.3.mlp.down_proj.weight", "blk.3.ffn_down.weight"),
-        ] {
-            assert_eq!(GgufCheckpoint::gguf_name(hf).as_deref(), Some(gguf));
-        }
-        assert_eq!(GgufCheckpoint::gguf_name("model.layers.0.self_attn.rotary_emb"), None);
-    }
 
     /// llama.cpp's forward permutation, `w.reshape(heads, 2, d/2, in).swapaxes(1, 2)`, undone.
     #[test]

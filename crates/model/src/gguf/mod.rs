@@ -32,6 +32,10 @@ pub enum GgufError {
     UnsupportedType { path: PathBuf, name: String, kind: String },
     #[error("{path}: metadata `{key}` is {problem}")]
     Metadata { path: PathBuf, key: String, problem: String },
+    #[error("{path}: tensor `{name}` is missing")]
+    MissingTensor { path: PathBuf, name: String },
+    #[error("{path}: GGUF architecture `{arch}` is not supported; tally runs: {supported}", supported = crate::config::Family::names())]
+    Architecture { path: PathBuf, arch: String },
     /// Parsing a file not in memory reads its header in growing prefixes; this asks for more.
     #[error("{path}: the header continues past its first {read} bytes")]
     HeaderBeyond { path: PathBuf, read: usize },

@@ -7,12 +7,14 @@ use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, 
 use burn_ir::{InitOperationIr, OperationIr};
 use tally_shaders::{add_rms_norm, norm_rope, silu_mul, cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
-use crate::attention::PrefixKv;
-use crate::query_kv::{LayerPrefixes, QueryBatch, QueryKv};
-use crate::backend::ScoringBackend;
-use crate::route::AttentionRoute;
+use super::{PlannedAttention, ScoringBackend};
+use crate::attention::PaddedPlan;
+use crate::kv::PrefixKv;
+use crate::labels::LabelTable;
 use crate::layout::ItemLayout;
-use crate::lm_head::{LabelTable, VOCAB_CHUNK};
+use crate::lm_head::VOCAB_CHUNK;
+use crate::matmul::Matmul;
+use crate::route::{AttentionRoute, Routes};
 
 impl<R, F, I, BT> ScoringBackend for CubeBackend<R, F, I, BT>
 where
@@ -21,49 +23,24 @@ where
     I: IntElement,
     BT: BoolElement,
 {
-    type AttentionPlan = AttentionTiles<R>;
+    /// Every route has its kernel here.
+    fn routes(requested: Routes) -> Routes {
+        requested
+    }
 
-    fn plan_attention(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &R::Device) -> AttentionTiles<R> {
-        let item_prefixes: Vec<(usize, usize)> = layout.item_groups().map(|g| prefix_spans[g]).collect();
+    fn plan_attention(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &R::Device) -> Box<dyn PlannedAttention<Self>> {
         let kernel = match route {
+            AttentionRoute::Cascade => return Box::new(PaddedPlan::<Self>::new(layout, prefix_spans, group, device)),
+            AttentionRoute::Kernel => AttentionKernel::Rows,
             AttentionRoute::Tiled(shape) => AttentionKernel::Tiled(shape),
-            AttentionRoute::Kernel | AttentionRoute::Cascade => AttentionKernel::Rows,
         };
-        AttentionTiles::new(&R::client(device), device, layout.offsets(), &item_prefixes, group, kernel)
+        let item_prefixes: Vec<(usize, usize)> = layout.item_groups().map(|g| prefix_spans[g]).collect();
+        Box::new(AttentionTiles::new(&R::client(device), device, layout.offsets(), &item_prefixes, group, kernel))
     }
 
-    fn multi_item_attention(queries: Tensor<Self, 3>, keys: Tensor<Self, 3>, values: Tensor<Self, 3>, prefixes: &LayerPrefixes<'_, Self>, plan: &AttentionTiles<R>) -> Tensor<Self, 3> {
-        let prefixes = prefixes.joined();
-        let attention = MultiItemAttention {
-            queries: queries.into_primitive().tensor(),
-            keys: keys.into_primitive().tensor(),
-            values: values.into_primitive().tensor(),
-            prefix_keys: prefixes.keys.clone().into_primitive().tensor(),
-            prefix_values: prefixes.values.clone().into_primitive().tensor(),
-            tiles: plan,
-        };
-        Tensor::from_primitive(TensorPrimitive::Float(attention.run()))
-    }
-
-    /// cuBLASLt where that route is picked (CUDA), else Burn's autotuned matmul, except for
-    /// float32 where that would round to tf32 (tally's float32 unit matmul then).
-    fn matmul<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
-        let (dtype, device) = (lhs.dtype(), lhs.device());
-        if !Self::replaces_matmul(dtype, &device) {
-            return autotuned_matmul(lhs, rhs);
-        }
-        let (lhs, rhs) = (lhs.into_primitive().tensor(), rhs.into_primitive().tensor());
-        let cublas = if routes_to_cublas::<R>(dtype) { cublas_matmul(&lhs, &rhs) } else { None };
-        let product = match cublas {
-            Some(product) => product,
-            None if matmul_rounds_to_tf32(&R::client(&device), dtype) => f32_matmul(lhs, rhs),
-            None => return autotuned_matmul(Tensor::from_primitive(TensorPrimitive::Float(lhs)), Tensor::from_primitive(TensorPrimitive::Float(rhs))),
-        };
-        Tensor::from_primitive(TensorPrimitive::Float(product))
-    }
-
-    fn replaces_matmul(dtype: DType, device: &R::Device) -> bool {
-        routes_to_cublas::<R>(dtype) || matmul_rounds_to_tf32(&R::client(device), dtype)
+    /// Kernels compile and matmuls tune per shape class: see [`tally_shaders::autotune`].
+    fn warmup_rows(largest: usize) -> Vec<usize> {
+        tally_shaders::autotune::warmup_rows(largest)
     }
 
     fn free_memory(device: &R::Device) -> Option<u64> {
@@ -99,36 +76,74 @@ where
     }
 }
 
+impl<R, F, I, BT> Matmul for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    /// cuBLASLt where that route is picked (CUDA), else Burn's autotuned matmul, except for
+    /// float32 where that would round to tf32 (tally's float32 unit matmul then).
+    fn matmul<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
+        let (dtype, device) = (lhs.dtype(), lhs.device());
+        if !Self::replaces_matmul(dtype, &device) {
+            return autotuned_matmul(lhs, rhs);
+        }
+        let (lhs, rhs) = (lhs.into_primitive().tensor(), rhs.into_primitive().tensor());
+        let cublas = if routes_to_cublas::<R>(dtype) { cublas_matmul(&lhs, &rhs) } else { None };
+        let product = match cublas {
+            Some(product) => product,
+            None if matmul_rounds_to_tf32(&R::client(&device), dtype) => f32_matmul(lhs, rhs),
+            None => return autotuned_matmul(Tensor::from_primitive(TensorPrimitive::Float(lhs)), Tensor::from_primitive(TensorPrimitive::Float(rhs))),
+        };
+        Tensor::from_primitive(TensorPrimitive::Float(product))
+    }
+
+    fn replaces_matmul(dtype: DType, device: &R::Device) -> bool {
+        routes_to_cublas::<R>(dtype) || matmul_rounds_to_tf32(&R::client(device), dtype)
+    }
+}
+
+/// The row and tiled kernels, reading the joined prefix at the spans their tiles were planned with.
+impl<R, F, I, BT> PlannedAttention<CubeBackend<R, F, I, BT>> for AttentionTiles<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    fn run(&self, queries: Tensor<CubeBackend<R, F, I, BT>, 3>, keys: Tensor<CubeBackend<R, F, I, BT>, 3>, values: Tensor<CubeBackend<R, F, I, BT>, 3>, prefix: &PrefixKv<CubeBackend<R, F, I, BT>>) -> Tensor<CubeBackend<R, F, I, BT>, 3> {
+        let attention = MultiItemAttention {
+            queries: queries.into_primitive().tensor(),
+            keys: keys.into_primitive().tensor(),
+            values: values.into_primitive().tensor(),
+            prefix_keys: prefix.keys.clone().into_primitive().tensor(),
+            prefix_values: prefix.values.clone().into_primitive().tensor(),
+            tiles: self,
+        };
+        Tensor::from_primitive(TensorPrimitive::Float(attention.run()))
+    }
+}
+
 /// Through fusion: settle the inputs, run the inner backend's kernels, hand the result back to
 /// the fusion stream as a fresh tensor.
 impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
-    type AttentionPlan = B::AttentionPlan;
-
-    fn plan_attention(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &B::Device) -> B::AttentionPlan {
-        B::plan_attention(route, layout, prefix_spans, group, device)
+    fn routes(requested: Routes) -> Routes {
+        B::routes(requested)
     }
 
-    fn multi_item_attention(queries: Tensor<Self, 3>, keys: Tensor<Self, 3>, values: Tensor<Self, 3>, prefixes: &LayerPrefixes<'_, Self>, plan: &B::AttentionPlan) -> Tensor<Self, 3> {
-        let client = fusion_client(&queries);
-        let joined = prefixes.joined();
-        // The inner backend reads only the joined buffer, which the plan's spans index.
-        let settled = QueryBatch::new(vec![QueryKv::from_layers(vec![PrefixKv { keys: settle(joined.keys.clone()), values: settle(joined.values.clone()) }])]);
-        let output = B::multi_item_attention(settle(queries), settle(keys), settle(values), &LayerPrefixes::new(&settled, 0, &[0]), plan);
-        into_fusion(output, &client)
-    }
-
-    /// Through fusion only where the inner backend replaces the matmul: a settled matmul is
-    /// one the fusion stream cannot fuse its neighbours into.
-    fn matmul<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
-        if !B::replaces_matmul(lhs.dtype(), &lhs.device()) {
-            return autotuned_matmul(lhs, rhs);
+    /// The cascade on the fusion stream itself (its ops fuse); the inner backend's kernels
+    /// between settled inputs and a fresh output.
+    fn plan_attention(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &B::Device) -> Box<dyn PlannedAttention<Self>> {
+        match route {
+            AttentionRoute::Cascade => Box::new(PaddedPlan::<Self>::new(layout, prefix_spans, group, device)),
+            kernel => Box::new(SettledAttention(B::plan_attention(kernel, layout, prefix_spans, group, device))),
         }
-        let client = fusion_client(&lhs);
-        into_fusion(B::matmul(settle(lhs), settle(rhs)), &client)
     }
 
-    fn replaces_matmul(dtype: DType, device: &B::Device) -> bool {
-        B::replaces_matmul(dtype, device)
+    fn warmup_rows(largest: usize) -> Vec<usize> {
+        B::warmup_rows(largest)
     }
 
     fn free_memory(device: &B::Device) -> Option<u64> {
@@ -155,6 +170,33 @@ impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
     fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {
         let client = fusion_client(&hidden);
         into_fusion(B::label_logprobs(settle(hidden), settle(head), labels), &client)
+    }
+}
+
+impl<B: Matmul + FusionBackend> Matmul for Fusion<B> {
+    /// Through fusion only where the inner backend replaces the matmul: a settled matmul is
+    /// one the fusion stream cannot fuse its neighbours into.
+    fn matmul<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
+        if !B::replaces_matmul(lhs.dtype(), &lhs.device()) {
+            return autotuned_matmul(lhs, rhs);
+        }
+        let client = fusion_client(&lhs);
+        into_fusion(B::matmul(settle(lhs), settle(rhs)), &client)
+    }
+
+    fn replaces_matmul(dtype: DType, device: &B::Device) -> bool {
+        B::replaces_matmul(dtype, device)
+    }
+}
+
+/// The inner backend's attention kernel, run through fusion.
+struct SettledAttention<B: Backend>(Box<dyn PlannedAttention<B>>);
+
+impl<B: FusionBackend> PlannedAttention<Fusion<B>> for SettledAttention<B> {
+    fn run(&self, queries: Tensor<Fusion<B>, 3>, keys: Tensor<Fusion<B>, 3>, values: Tensor<Fusion<B>, 3>, prefix: &PrefixKv<Fusion<B>>) -> Tensor<Fusion<B>, 3> {
+        let client = fusion_client(&queries);
+        let prefix = PrefixKv { keys: settle(prefix.keys.clone()), values: settle(prefix.values.clone()) };
+        into_fusion(self.0.run(settle(queries), settle(keys), settle(values), &prefix), &client)
     }
 }
 

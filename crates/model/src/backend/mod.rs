@@ -1,0 +1,89 @@
+//! The seam between the model and the backends: [`ScoringBackend`], what a Burn backend offers
+//! scoring beyond Burn's ops. Every method has a plain-Burn default (the reference), so a
+//! backend without kernels implements nothing ([`ndarray`], the CPU); CubeCL backends put
+//! tally-shaders' kernels behind it (`cube`, feature `cubecl`). A new kernel or library (a
+//! tensor-core attention, cuBLAS) is one more route a backend's impl answers, not a branch in
+//! the decoder.
+
+#[cfg(feature = "cubecl")]
+mod cube;
+#[cfg(feature = "ndarray")]
+mod ndarray;
+
+use burn::tensor::{backend::Backend, Tensor};
+
+use crate::attention::{self, PaddedPlan};
+use crate::elementwise;
+use crate::kv::PrefixKv;
+use crate::labels::LabelTable;
+use crate::layout::ItemLayout;
+use crate::lm_head;
+use crate::matmul::Matmul;
+use crate::route::{AttentionRoute, Routes};
+
+/// A Burn backend tally can score on.
+pub trait ScoringBackend: Matmul {
+    /// The routes this backend runs when `requested` is asked for: its kernels where it has
+    /// them, plain Burn ops where it has none. Asked once, when the routes are set; the decoder
+    /// then follows the answer. Default: plain Burn ops everywhere.
+    fn routes(_requested: Routes) -> Routes {
+        Routes::PLAIN
+    }
+
+    /// Multi-item attention of one pass on `route` (one [`Self::routes`] gave), planned once and
+    /// run by every layer. `prefix_spans[g]`: (first token, length) of group `g`'s prefix in the
+    /// joined prefix K/V every layer passes ([`PrefixKv::join`]); `group`: query heads per KV
+    /// head. Default: the cascade in plain Burn ops.
+    fn plan_attention(_route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &Self::Device) -> Box<dyn PlannedAttention<Self>> {
+        Box::new(PaddedPlan::<Self>::new(layout, prefix_spans, group, device))
+    }
+
+    /// Row counts of passes that meet every shape class this backend compiles kernels or tunes
+    /// matmuls for, for passes of up to `largest` rows, smallest first: what a warm-up runs
+    /// before traffic. Default: none, nothing is compiled or tuned at run time (the CPU).
+    fn warmup_rows(_largest: usize) -> Vec<usize> {
+        Vec::new()
+    }
+
+    /// Bytes free on `device` for the passes to come, where the backend can tell (CUDA); the
+    /// engine sizes its passes from it.
+    fn free_memory(_device: &Self::Device) -> Option<u64> {
+        None
+    }
+
+    /// `(x + delta, rms_norm(x + delta) · gain)` over the last dimension, `(x, rms_norm(x) ·
+    /// gain)` without `delta`: see [`elementwise::add_rms_norm`].
+    fn add_rms_norm<const D: usize>(x: Tensor<Self, D>, delta: Option<Tensor<Self, D>>, gain: &Tensor<Self, 1>, eps: f64) -> (Tensor<Self, D>, Tensor<Self, D>) {
+        elementwise::add_rms_norm(x, delta, gain, eps)
+    }
+
+    /// `rope(rms_norm(x) · gain)`, or `rope(x)` without `gain`: see [`elementwise::norm_rope`].
+    fn norm_rope(x: Tensor<Self, 3>, gain: Option<&Tensor<Self, 1>>, cos: &Tensor<Self, 3>, sin: &Tensor<Self, 3>, eps: f64) -> Tensor<Self, 3> {
+        elementwise::norm_rope(x, gain, cos, sin, eps)
+    }
+
+    /// `silu(gate) · up` of the fused gate/up projection: see [`elementwise::silu_mul`].
+    fn silu_mul(gate_up: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        elementwise::silu_mul(gate_up)
+    }
+
+    /// Full-vocabulary log-probabilities of each row's labels: see [`lm_head::label_logprobs`].
+    fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {
+        lm_head::label_logprobs(hidden, head, labels)
+    }
+}
+
+/// Multi-item attention of one pass, as planned by [`ScoringBackend::plan_attention`].
+pub trait PlannedAttention<B: Backend> {
+    /// `queries`: `[tokens, q_heads, head_dim]`; `keys`/`values`: `[tokens, kv_heads,
+    /// head_dim]`, packed as planned; `prefix`: every group's prefix end to end, at the planned
+    /// spans. Returns `[tokens, q_heads, head_dim]`.
+    fn run(&self, queries: Tensor<B, 3>, keys: Tensor<B, 3>, values: Tensor<B, 3>, prefix: &PrefixKv<B>) -> Tensor<B, 3>;
+}
+
+/// The cascade, on any backend.
+impl<B: Matmul> PlannedAttention<B> for PaddedPlan<B> {
+    fn run(&self, queries: Tensor<B, 3>, keys: Tensor<B, 3>, values: Tensor<B, 3>, prefix: &PrefixKv<B>) -> Tensor<B, 3> {
+        attention::multi_item_attention(queries, keys, values, prefix, self)
+    }
+}
