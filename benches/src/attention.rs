@@ -82,7 +82,7 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
     let visible_keys: usize = (0..a.item_len).map(|k| a.prefix + k + 1).sum::<usize>() * a.items;
     let flop = 4.0 * (visible_keys * a.q_heads * a.head_dim) as f64;
     let tflops = |ms: f64| flop / (ms * 1e-3) / 1e12;
-    let runs = |attention| format!("{:?}", B::routes(Routes { attention, ..Routes::default() }).attention);
+    let runs = |attention| B::routes(Routes { attention, ..Routes::default() }).attention.to_string();
     Ok(json!({
         "benchmark": "multi-item attention, one layer",
         "backend": runs_on.backend,

@@ -60,13 +60,19 @@ impl Routes {
     pub const PLAIN: Routes = Routes { attention: AttentionRoute::Cascade, elementwise: ElementwiseRoute::Burn, labels: LabelRoute::Burn };
 }
 
+/// `kernel`, `tiled 64x16` or `cascade`, as the CLI names them.
+impl std::fmt::Display for AttentionRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttentionRoute::Kernel => f.write_str("kernel"),
+            AttentionRoute::Tiled(shape) => write!(f, "tiled {shape}"),
+            AttentionRoute::Cascade => f.write_str("cascade"),
+        }
+    }
+}
+
 impl std::fmt::Display for Routes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let attention = match self.attention {
-            AttentionRoute::Kernel => "kernel".to_string(),
-            AttentionRoute::Tiled(shape) => format!("tiled {shape}"),
-            AttentionRoute::Cascade => "cascade".to_string(),
-        };
         let elementwise = match self.elementwise {
             ElementwiseRoute::Burn => "burn",
             ElementwiseRoute::Kernels => "kernels",
@@ -75,6 +81,6 @@ impl std::fmt::Display for Routes {
             LabelRoute::Kernel => "kernel",
             LabelRoute::Burn => "burn",
         };
-        write!(f, "attention {attention}, elementwise {elementwise}, labels {labels}")
+        write!(f, "attention {}, elementwise {elementwise}, labels {labels}", self.attention)
     }
 }
