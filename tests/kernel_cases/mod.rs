@@ -104,32 +104,10 @@ impl Case {
     pub fn expected(&self, seed: u64) -> Vec<f32> {
         self.plain_on::<Reference>(seed)
     }
-    /// Every group's prefix end to end along the token axis (`[kv, Σ len, d]`, at least one
-    /// token, as the model joins them), and each group's (first token, length) in it.
-    #[allow(clippy::type_complexity)]
-    pub fn joined_prefixes(&self, seed: u64) -> (Vec<f32>, Vec<f32>, usize, Vec<(usize, usize)>) {
-        let (_, _, _, prefixes) = self.inputs(seed);
-        let (kv, d) = (self.kv_heads, self.head_dim);
-        let total = self.groups.iter().map(|(len, _)| len).sum::<usize>().max(1);
-        let (mut keys, mut values) = (vec![0.0; kv * total * d], vec![0.0; kv * total * d]);
-        let mut spans = Vec::new();
-        let mut start = 0;
-        for ((len, _), (k, v)) in self.groups.iter().zip(&prefixes) {
-            for head in 0..kv {
-                let to = (head * total + start) * d;
-                keys[to..to + len * d].copy_from_slice(&k[head * len * d..(head + 1) * len * d]);
-                values[to..to + len * d].copy_from_slice(&v[head * len * d..(head + 1) * len * d]);
-            }
-            spans.push((start, *len));
-            start += len;
-        }
-        (keys, values, total, spans)
-    }
-
     /// `kernel` in float type `F`, called directly with a poisoned output.
     pub fn kernel<F: FloatElement>(&self, seed: u64, kernel: AttentionKernel) -> Vec<f32> {
         let (queries, keys, values, _) = self.inputs(seed);
-        let (prefix_keys, prefix_values, total, spans) = self.joined_prefixes(seed);
+        let (prefix, spans) = self.joined_prefix_on::<Gpu<F>>(seed);
         let layout = self.layout();
         let (t, q, kv, d) = (layout.tokens(), self.q_heads, self.kv_heads, self.head_dim);
         let item_prefixes: Vec<(usize, usize)> = layout.item_groups().map(|g| spans[g]).collect();
@@ -140,8 +118,8 @@ impl Case {
             queries: cube(tensor::<Gpu<F>, 3>(&queries, [t, q, d])),
             keys: cube(tensor::<Gpu<F>, 3>(&keys, [t, kv, d])),
             values: cube(tensor::<Gpu<F>, 3>(&values, [t, kv, d])),
-            prefix_keys: cube(tensor::<Gpu<F>, 3>(&prefix_keys, [kv, total, d])),
-            prefix_values: cube(tensor::<Gpu<F>, 3>(&prefix_values, [kv, total, d])),
+            prefix_keys: cube(prefix.keys),
+            prefix_values: cube(prefix.values),
             tiles: &tiles,
         }
         .run_into(&output);
