@@ -1,35 +1,30 @@
 //! Engine-level batching: requests with different queries share forward passes, the prefix
 //! cache returns exactly what a fresh prefill computes, and the warm-up leaves no trace.
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 
 use burn::backend::NdArray;
-use serde_json::Value;
 use tally_core::{ScoreInput, ScoreRequest};
 use tally_engine::{Scorer, ScorerOptions};
 
-type Cpu = NdArray<f32>;
+// The probability comparison and fixture paths the `tally` package's end-to-end tests use.
+#[path = "common/fixtures.rs"]
+#[allow(dead_code)]
+mod fixtures;
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
-}
+use fixtures::{assert_close, fixtures};
+
+type Cpu = NdArray<f32>;
 
 fn scorer(prefix_cache_bytes: usize) -> Scorer<Cpu> {
     let options = ScorerOptions { prefix_cache_bytes, ..ScorerOptions::default() };
     Scorer::load(&fixtures().join("models/tied-gqa"), &Default::default(), options).unwrap()
 }
 
+/// A fixture case's request and its float64 reference scores.
 fn case(name: &str) -> (ScoreRequest, Vec<Vec<f64>>) {
-    let case: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join(format!("cases/{name}.json"))).unwrap()).unwrap();
-    (serde_json::from_value(case["request"].clone()).unwrap(), serde_json::from_value(case["expected_scores"].clone()).unwrap())
-}
-
-fn assert_close(got: &[Vec<f64>], expected: &[Vec<f64>], rel: f64) {
-    assert_eq!(got.len(), expected.len());
-    for (g, e) in got.iter().flatten().zip(expected.iter().flatten()) {
-        assert!((g - e).abs() <= rel * e.abs(), "{g} vs {e}");
-    }
+    let case = fixtures::case(name);
+    (serde_json::from_value(case["request"].clone()).unwrap(), fixtures::expected(&case))
 }
 
 #[test]
@@ -40,9 +35,9 @@ fn requests_with_different_queries_share_passes_and_keep_their_answers() {
     let inputs: Vec<ScoreInput> = cases.iter().map(|(request, _)| scorer.preparer().prepare(request).unwrap()).collect();
     let batched = scorer.score_batch(&inputs.iter().collect::<Vec<_>>()).unwrap();
     for (input, (got, (_, expected))) in inputs.iter().zip(batched.iter().zip(&cases)) {
-        assert_close(got, expected, 1e-3);
+        assert_close(got, expected, 1e-3, "against float64");
         let alone = scorer.score_batch(&[input]).unwrap().remove(0);
-        assert_close(got, &alone, 1e-4);
+        assert_close(got, &alone, 1e-4, "batched against alone");
     }
     // One batch of three requests (bucket (2, 4]), then three of one.
     let (buckets, _) = scorer.stats().batch_requests.snapshot();
@@ -58,7 +53,7 @@ fn prefix_cache_hits_equal_fresh_prefills() {
     let miss = cached.score_batch(&[&input]).unwrap();
     let hit = cached.score_batch(&[&input]).unwrap();
     assert_eq!(miss, hit);
-    assert_close(&hit[0], &expected, 1e-3);
+    assert_close(&hit[0], &expected, 1e-3, "against float64");
     let stats = cached.stats();
     assert_eq!((stats.prefix_cache_misses.load(Relaxed), stats.prefix_cache_hits.load(Relaxed)), (1, 1));
 
@@ -89,7 +84,7 @@ fn a_batchs_cache_misses_are_prefilled_together_and_share_their_common_part() {
     let together = cached.score_batch(&inputs).unwrap();
     for (input, got) in inputs.iter().zip(&together) {
         let alone = scorer(0).score_batch(&[input]).unwrap().remove(0);
-        assert_close(got, &alone, 1e-4);
+        assert_close(got, &alone, 1e-4, "batched against alone");
     }
     let stats = cached.stats();
     // `shorter`'s first 1,024 tokens once (the start of `long`'s cacheable 1,536 too), then
@@ -118,7 +113,7 @@ fn a_warmed_up_scorer_counts_nothing_and_answers_as_before() {
     assert!(counters.iter().all(|c| c.load(Relaxed) == 0), "the warm-up shows in the statistics");
     let (request, expected) = case("tied_long_query");
     let input = scorer.preparer().prepare(&request).unwrap();
-    assert_close(&scorer.score_batch(&[&input]).unwrap()[0], &expected, 1e-3);
+    assert_close(&scorer.score_batch(&[&input]).unwrap()[0], &expected, 1e-3, "against float64");
     let warmup_request = &warmup[0].batches[0][0];
     scorer.score_batch(&[warmup_request]).unwrap();
     assert_eq!(stats.prefix_cache_hits.load(Relaxed), 0, "the prefix cache starts empty after the warm-up");
@@ -144,7 +139,7 @@ fn abandoned_requests_stop_between_passes() {
     let scores = scorer.score_batch_while(&inputs, &wanted).unwrap();
     assert!(asked.get() > 2, "the batch never asked again");
     assert!(scores[1].is_none());
-    assert_close(scores[0].as_ref().unwrap(), &expected, 1e-3);
+    assert_close(scores[0].as_ref().unwrap(), &expected, 1e-3, "against float64");
     let stats = scorer.stats();
     assert_eq!(stats.requests_abandoned.load(Relaxed), 1);
     assert_eq!(stats.items_scored.load(Relaxed), expected.len() as u64);

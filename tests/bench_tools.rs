@@ -1,5 +1,5 @@
-//! `tally make-model` and `tally bench scenario`: the benchmark harness runs on CPU with a small
-//! preset, so GPU sessions only have to run it.
+//! `tally make-model`, `tally bench scenario` and `tally bench soak`: the benchmark harness runs on
+//! CPU with small shapes, so GPU sessions only have to run it.
 
 mod common;
 
@@ -36,4 +36,20 @@ fn make_model_rejects_an_unknown_preset() {
     let out = tally(&["make-model", "--preset", "qwen9-1t", "--out", dir.path().to_str().unwrap()], "");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown preset \"qwen9-1t\"; choose one of tiny, qwen3-0.6b"));
+}
+
+/// A seconds-long soak through the child-server harness the end-to-end tests share: the server
+/// starts, is overloaded with valid and invalid requests, loses none and exits 0 on SIGTERM.
+#[test]
+fn a_short_soak_loses_nothing_and_the_server_drains_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let result = dir.path().join("soak.json");
+    let model = common::model("tied-gqa");
+    let args = ["bench", "soak", "--model", model.to_str().unwrap(), "--minutes", "0.05", "--calibrate-secs", "1", "--clients", "2", "--out", result.to_str().unwrap()];
+    let soak = tally(&args, "");
+    assert!(soak.status.success(), "{}", String::from_utf8_lossy(&soak.stderr));
+    let result: Value = serde_json::from_str(&std::fs::read_to_string(result).unwrap()).unwrap();
+    assert_eq!((&result["requests_lost"], &result["wrong_answers"]), (&json!(0), &json!(0)), "{result:#}");
+    assert_eq!(result["server_exit"]["code"], json!(0), "{result:#}");
+    assert!(result["valid_scored"].as_u64().unwrap() > 0 && result["rss_mib"]["max"].as_f64().unwrap() > 0.0, "{result:#}");
 }

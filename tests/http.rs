@@ -226,8 +226,7 @@ fn sigterm_drains_every_accepted_request() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(150));
-    let pid = server.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    server.sigterm().unwrap();
     let statuses: Vec<u16> = clients.into_iter().map(|c| c.join().unwrap()).collect();
     assert_eq!(statuses, vec![200; 12]);
     let mut server = server;
@@ -410,9 +409,8 @@ fn shutdown_has_a_deadline_and_a_second_signal_exits_at_once() {
         let mut server = Server::start("tied-gqa", &["--shutdown-timeout-secs", deadline, "--body-timeout-secs", "600"]);
         let _stuck = raw(&server, b"POST /v1/score HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{");
         std::thread::sleep(Duration::from_millis(300));
-        let pid = server.child.id().to_string();
         for _ in 0..signals {
-            assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+            server.sigterm().unwrap();
             std::thread::sleep(Duration::from_millis(300));
         }
         let start = Instant::now();

@@ -33,7 +33,8 @@ fn label_logprobs<B: ScoringBackend>(model_dir: &Path, routes: Routes) -> Vec<f3
     model.label_logprobs(hidden, &labels).into_data().to_vec().expect("f32 log-probabilities")
 }
 
-fn assert_close(got: &[f32], expected: &[f32], what: &str) {
+/// Log-probabilities (not probabilities): relative 1e-3, absolute 1e-3 below 1 in magnitude.
+fn assert_logprobs_match_cpu(got: &[f32], expected: &[f32], what: &str) {
     assert_eq!(got.len(), expected.len(), "{what}: length");
     for (i, (g, e)) in got.iter().zip(expected).enumerate() {
         assert!((g - e).abs() <= 1e-3 * e.abs().max(1.0), "{what}: element {i} is {g}, the CPU says {e}\n got {got:?}\n cpu {expected:?}");
@@ -55,7 +56,7 @@ fn check<B: ScoringBackend>(backend: &str) {
         let tiled = Routes { attention: AttentionRoute::Tiled(TileShape::default()), elementwise: ElementwiseRoute::Kernels, labels: LabelRoute::Kernel };
         for routes in [Routes::default(), tiled, Routes::PLAIN] {
             assert_eq!(B::routes(routes), routes, "a CubeCL backend runs every route asked");
-            assert_close(&label_logprobs::<B>(&dir, routes), &expected, &format!("{name} on {backend}, {routes}"));
+            assert_logprobs_match_cpu(&label_logprobs::<B>(&dir, routes), &expected, &format!("{name} on {backend}, {routes}"));
         }
     }
 }

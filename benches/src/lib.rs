@@ -5,12 +5,14 @@
 //! - [`soak`]: a server under mixed valid and invalid load past its capacity, for minutes.
 //! - [`scenario`]: the seed scenarios (S1, S2) through the engine, on any backend.
 //! - [`attention`]: one layer's multi-item attention per route against dense-masked attention.
+//! - [`child_server`]: `tally serve` as a child process (soak and the end-to-end tests use it).
 //! - [`chart`]: a PNG of a results folder (scenarios beside the PyTorch peers, load's P99).
 //! - [`request_shape`]: the requests `load` and `soak` send; [`rng`], [`report`], [`timing`]:
 //!   what the benchmarks share.
 
 pub mod attention;
 pub mod chart;
+pub mod child_server;
 pub mod load;
 pub mod report;
 pub mod request_shape;

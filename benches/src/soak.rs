@@ -7,16 +7,16 @@
 //! exits cleanly on SIGTERM at the end.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 
+use crate::child_server::{ChildServer, LaterLog};
 use crate::request_shape::RequestShape;
 use crate::rng::Rng;
 
@@ -104,7 +104,8 @@ pub fn run(args: SoakArgs) -> Result<()> {
     ensure!(args.minutes > 0.0 && args.overload > 0.0, "--minutes and --overload must be positive");
     ensure!((0.0..=1.0).contains(&args.invalid_fraction), "--invalid-fraction must be between 0 and 1");
     let out = args.out.clone();
-    let mut server = Server::start(&args)?;
+    let serve_args = ["--model", args.model.as_str()].into_iter().chain(args.serve_args.split_whitespace());
+    let mut server = ChildServer::start(&std::env::current_exe()?, serve_args, &[], LaterLog::EchoWarnings)?;
     let result = soak(&server, args);
     let exit = server.stop();
     let mut summary = result?;
@@ -117,7 +118,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
     Ok(())
 }
 
-fn soak(server: &Server, args: SoakArgs) -> Result<Value> {
+fn soak(server: &ChildServer, args: SoakArgs) -> Result<Value> {
     let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(600)).build();
     let models: Value = agent.get(&format!("{}/v1/models", server.url)).call()?.into_json()?;
     let target = Target {
@@ -338,66 +339,6 @@ fn slope(points: &[(f64, f64)]) -> f64 {
     let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
     let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
     if sxx == 0.0 { 0.0 } else { sxy / sxx }
-}
-
-/// The `tally serve` under test, a child of this process.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Server {
-    fn start(args: &SoakArgs) -> Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let mut child = Command::new(std::env::current_exe()?)
-            .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--model", &args.model])
-            .args(args.serve_args.split_whitespace())
-            .env("RUST_LOG", "warn,tally=info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("cannot start `tally serve`")?;
-        // The server's log: watched for "listening", then passed through.
-        let (listening, ready) = mpsc::channel();
-        let log = BufReader::new(child.stderr.take().expect("stderr is piped"));
-        std::thread::spawn(move || {
-            for line in log.lines().map_while(Result::ok) {
-                if line.contains("listening on") {
-                    let _ = listening.send(());
-                }
-                if !line.contains(" INFO ") {
-                    eprintln!("server: {line}");
-                }
-            }
-        });
-        if ready.recv_timeout(Duration::from_secs(600)).is_err() {
-            let _ = child.kill();
-            bail!("`tally serve --model {}` did not start (its log is above)", args.model);
-        }
-        Ok(Server { child, url: format!("http://127.0.0.1:{port}") })
-    }
-
-    /// Resident memory, from /proc (Linux).
-    fn rss_mib(&self) -> Result<f64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).context("cannot read the server's /proc status (Linux only)")?;
-        let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).context("no VmRSS")?;
-        Ok(kib / 1024.0)
-    }
-
-    /// SIGTERM, then how the server exited and how long draining took.
-    fn stop(&mut self) -> Result<Value> {
-        let start = Instant::now();
-        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status()?;
-        let status = self.child.wait()?;
-        Ok(json!({"code": status.code(), "seconds_after_sigterm": start.elapsed().as_secs_f64()}))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[cfg(test)]

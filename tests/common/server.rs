@@ -1,18 +1,29 @@
 //! `tally serve` as a child process on a free port, and JSON over HTTP to it.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::ffi::OsStr;
+use std::ops::{Deref, DerefMut};
+use std::path::Path;
 
 use serde_json::Value;
+use tally_bench::child_server::{ChildServer, LaterLog};
 
 use super::{model, scores};
 
-/// A `tally serve` child on a free port, killed when dropped.
-pub struct Server {
-    pub child: Child,
-    pub url: String,
-    /// What it logged before it listened.
-    pub startup_log: Vec<String>,
+/// A `tally serve` child on a free port (tally-bench's [`ChildServer`]: the benchmarks start
+/// theirs the same way), with JSON-over-HTTP helpers for the tests.
+pub struct Server(pub ChildServer);
+
+impl Deref for Server {
+    type Target = ChildServer;
+    fn deref(&self) -> &ChildServer {
+        &self.0
+    }
+}
+
+impl DerefMut for Server {
+    fn deref_mut(&mut self) -> &mut ChildServer {
+        &mut self.0
+    }
 }
 
 impl Server {
@@ -22,30 +33,11 @@ impl Server {
     }
 
     /// Serves `--model <model_arg>` with extra environment variables.
-    pub fn start_with(model_arg: &str, extra: &[&str], env: &[(&str, &std::path::Path)]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tally"))
-            .args(["serve", "--model", model_arg, "--port", "0"])
-            .args(extra)
-            .envs(env.iter().copied())
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("tally serve starts");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let mut startup_log = Vec::new();
-        let url = loop {
-            let Some(Ok(line)) = lines.next() else {
-                panic!("tally serve exited before it listened; its log:\n{}", startup_log.join("\n"));
-            };
-            if let Some(at) = line.find("listening on http://") {
-                break line[at + "listening on ".len()..].trim().to_owned();
-            }
-            startup_log.push(line);
-        };
-        // Keep draining the log so the server never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        Server { child, url, startup_log }
+    pub fn start_with(model_arg: &str, extra: &[&str], env: &[(&str, &Path)]) -> Server {
+        let env: Vec<(&str, &OsStr)> = env.iter().map(|&(name, value)| (name, value.as_os_str())).collect();
+        let model = ["--model", model_arg];
+        let args = model.iter().chain(extra);
+        Server(ChildServer::start(Path::new(env!("CARGO_BIN_EXE_tally")), args, &env, LaterLog::Drop).unwrap_or_else(|e| panic!("{e:#}")))
     }
 
     pub fn post(&self, path: &str, body: &str) -> (u16, Value) {
@@ -70,13 +62,6 @@ impl Server {
     pub fn metric(&self, name: &str) -> f64 {
         let (_, text) = self.get("/metrics");
         text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()).unwrap_or_else(|| panic!("no metric {name}"))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
