@@ -371,6 +371,56 @@ fn cublas_matmuls_match_a_float64_product() {
     }
 }
 
+/// tally's register-block matmul (`--matmul block`) against a float64 product, for every block
+/// it has: rows and columns of one, just under, at and past the block, more blocks than a cube
+/// holds, inner dimensions of one and of a model, the right-hand side as a weight and as the LM
+/// head's transposed view. Then through `ScoringBackend::matmul` on both CubeCL backend types
+/// with the route picked, a batched product (which the kernel declines) included.
+fn block_matmuls_match_a_float64_product_at_every_block_edge() {
+    use tally_shaders::{block_matmul, set_matmul_route, MatmulRoute, RegisterBlock};
+    /// Puts the process back on CubeCL's matmuls however the test ends.
+    struct CubeclAfter;
+    impl Drop for CubeclAfter {
+        fn drop(&mut self) {
+            set_matmul_route(MatmulRoute::Cubecl);
+        }
+    }
+    let operands = |lhs: &[f32], rhs: &[f32], [m, k, n]: [usize; 3], rhs_transposed: bool| {
+        let rhs = if rhs_transposed { tensor::<Gpu, 2>(rhs, [n, k]).transpose() } else { tensor(rhs, [k, n]) };
+        (tensor::<Gpu, 2>(lhs, [m, k]), rhs)
+    };
+    let mut seed = 70;
+    for block in RegisterBlock::CANDIDATES {
+        let (rows, columns) = (block.rows, block.columns);
+        let edges = |size: usize| [1, size - 1, size, size + 1];
+        let mut shapes: Vec<[usize; 3]> = edges(rows).into_iter().flat_map(|m| edges(columns).map(|n| [m, 9, n])).collect();
+        shapes.extend([[37, 576, 200], [rows * 9 + 1, 1, columns * 70 + 3], [16, 1536, 576]]);
+        for [m, k, n] in shapes {
+            for rhs_transposed in [false, true] {
+                seed += 1;
+                let (lhs, rhs) = (random(seed, m * k, 1.0), random(seed + 500, k * n, 1.0));
+                let expected = host_matmul(&lhs, &rhs, [1, m, k, n], rhs_transposed);
+                let (a, b) = operands(&lhs, &rhs, [m, k, n], rhs_transposed);
+                let product = block_matmul(&cube(a), &cube(b), block).expect("2-D float32 operands");
+                let what = format!("block {rows}x{columns}: [{m}, {k}] x [{k}, {n}], transposed {rhs_transposed}");
+                assert_close(&host(Tensor::<Gpu, 2>::from_primitive(TensorPrimitive::Float(product))), &expected, 2e-5, &what);
+            }
+        }
+    }
+    let _cubecl_after = CubeclAfter;
+    set_matmul_route(MatmulRoute::Block);
+    for (i, ([m, k, n], rhs_transposed)) in [([37, 576, 200], false), ([5, 576, 1000], true)].into_iter().enumerate() {
+        let (lhs, rhs) = (random(90 + i as u64, m * k, 1.0), random(95 + i as u64, k * n, 1.0));
+        let expected = host_matmul(&lhs, &rhs, [1, m, k, n], rhs_transposed);
+        let (a, b) = operands(&lhs, &rhs, [m, k, n], rhs_transposed);
+        let what = format!("[{m}, {k}] x [{k}, {n}], transposed {rhs_transposed}");
+        assert_close(&host(Gpu::matmul(a, b)), &expected, 2e-5, &format!("cube backend on the block route, {what}"));
+        let rhs = if rhs_transposed { tensor::<Fused, 2>(&rhs, [n, k]).transpose() } else { tensor(&rhs, [k, n]) };
+        assert_close(&host(Fused::matmul(tensor::<Fused, 2>(&lhs, [m, k]), rhs)), &expected, 2e-5, &format!("fusion on the block route, {what}"));
+    }
+    check_matmuls(&[([1, 37, 576, 200], false), ([1, 37, 48, 1000], true), ([1, 9, 8, 17], false), ([2, 28, 24, 70], true)], false);
+}
+
 /// cubek 0.2's `DoubleUnit` matmul is wrong when the inner dimension is an odd multiple of 8 and
 /// the operands are batched or the right-hand side transposed; autotune picks it on lavapipe for
 /// these shapes (each was 0.07 – 1 off through `Tensor::matmul`). `ScoringBackend::matmul` pads
@@ -461,6 +511,7 @@ fn main() {
         the_plain_cascade_on_the_gpu_matches_the_cpu,
         float32_matmuls_stay_float32,
         matmuls_with_an_odd_multiple_of_8_inside_are_right,
+        block_matmuls_match_a_float64_product_at_every_block_edge,
     ];
     #[cfg(feature = "cuda")]
     tests.extend(gpu::named![cublas_matmuls_match_a_float64_product, mma_fragment_layout_is_ptxs]);

@@ -68,13 +68,16 @@ impl From<Elementwise> for tally_model::ElementwiseRoute {
     }
 }
 
-/// Which library multiplies on CUDA (`tally_model::MatmulRoute`).
+/// Which kernel or library multiplies (`tally_model::MatmulRoute`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Matmul {
     /// CubeCL's autotuned kernels (cubek); on the CPU and wgpu the only choice.
     Cubecl,
     /// cuBLASLt (CUDA only; libcublasLt loaded at run time): float32 accumulation, no tf32.
     Cublas,
+    /// tally's register-block kernel (wgpu and CUDA): no shared memory or barriers, the fastest
+    /// on software adapters such as lavapipe.
+    Block,
 }
 
 /// `--backend`, `--dtype`, `--attention` and `--matmul`, shared by every command that runs the model.
@@ -154,8 +157,14 @@ pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output>
 
 /// Sets the process's matmul route, or says why `--matmul cublas` cannot run here.
 fn pick_matmul(backend: BackendKind, matmul: Matmul) -> Result<()> {
-    if matmul == Matmul::Cubecl {
-        return Ok(());
+    match matmul {
+        Matmul::Cubecl => return Ok(()),
+        Matmul::Block => {
+            anyhow::ensure!(backend != BackendKind::Cpu, "--matmul block is a GPU kernel: it needs --backend wgpu or cuda");
+            tally_model::set_matmul_route(tally_model::MatmulRoute::Block);
+            return Ok(());
+        }
+        Matmul::Cublas => {}
     }
     anyhow::ensure!(backend == BackendKind::Cuda, "--matmul cublas needs --backend cuda");
     #[cfg(feature = "cuda")]

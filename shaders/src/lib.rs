@@ -8,14 +8,16 @@
 //!   vocabulary chunks, label gather fused in.
 //! - [`rms_norm`]: residual add + RMSNorm in one pass over each row; [`rope`]: the q/k norm
 //!   and RoPE in one; [`swiglu`]: `silu(gate) · up` straight from the fused gate/up projection.
+//! - [`block_matmul`]: a matmul with no shared memory or barriers (software adapters' fastest).
 //! - [`f32_matmul`]: a float32 matmul that stays float32 on devices whose tensor cores would
 //!   round it to tf32.
 //! - [`autotune`]: the shapes a warm-up meets so CubeCL has compiled and tuned for each class.
-//! - [`matmul_route`]: which library multiplies on CUDA; [`cublas`] (feature `cublas`): the
+//! - [`matmul_route`]: which kernel or library multiplies; [`cublas`] (feature `cublas`): the
 //!   cuBLASLt route; [`cuda`]: CUDA's runtime type and free memory for generic code.
 
 pub mod attention;
 pub mod autotune;
+pub mod block_matmul;
 #[cfg(any(feature = "cublas", test))]
 mod blas_layout;
 #[cfg(feature = "cublas")]
@@ -30,10 +32,11 @@ pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
 
+pub use block_matmul::{block_matmul, RegisterBlock};
 pub use attention::{tensor_core_tiles, tile_fits, AttentionKernel, AttentionTiles, MultiItemAttention, TileShape};
 pub use f32_matmul::{f32_matmul, matmul_rounds_to_tf32};
 pub use label_logprobs::StreamedLabelLogprobs;
-pub use matmul_route::{cublas_matmul, routes_to_cublas, set_matmul_route, MatmulRoute};
+pub use matmul_route::{cublas_matmul, routes_to_block, routes_to_cublas, set_matmul_route, MatmulRoute};
 pub use rms_norm::add_rms_norm;
 pub use rope::norm_rope;
 pub use swiglu::silu_mul;

@@ -1,6 +1,7 @@
-//! Which library multiplies on CUDA (`--matmul`): CubeCL's autotuned cubek kernels, or
-//! cuBLASLt ([`crate::cublas`], feature `cublas`). One process-wide choice, set once by the
-//! command line before the model runs; other runtimes always use CubeCL.
+//! Which kernel multiplies (`--matmul`): CubeCL's autotuned cubek kernels, tally's register-block
+//! kernel ([`crate::block_matmul`], every CubeCL runtime), or cuBLASLt ([`crate::cublas`],
+//! feature `cublas`, CUDA only). One process-wide choice, set once by the command line (or the
+//! browser page) before the model runs.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -15,6 +16,10 @@ pub enum MatmulRoute {
     Cubecl,
     /// cuBLASLt on CUDA (wgmma on Hopper), float32 accumulation, float32 kept float32.
     Cublas,
+    /// tally's register-block kernel for 2-D matmuls (the model's projections and LM head; other
+    /// ranks stay on cubek): no shared memory or barriers, which is what software adapters
+    /// (lavapipe, SwiftShader) are slow at.
+    Block,
 }
 
 static ROUTE: AtomicU8 = AtomicU8::new(MatmulRoute::Cubecl as u8);
@@ -26,11 +31,17 @@ pub fn set_matmul_route(route: MatmulRoute) {
 }
 
 pub fn matmul_route() -> MatmulRoute {
-    if ROUTE.load(Ordering::Relaxed) == MatmulRoute::Cublas as u8 {
-        MatmulRoute::Cublas
-    } else {
-        MatmulRoute::Cubecl
+    match ROUTE.load(Ordering::Relaxed) {
+        route if route == MatmulRoute::Cublas as u8 => MatmulRoute::Cublas,
+        route if route == MatmulRoute::Block as u8 => MatmulRoute::Block,
+        _ => MatmulRoute::Cubecl,
     }
+}
+
+/// Whether matmuls of `dtype` go to tally's register-block kernel (2-D ones; the kernel
+/// declines others).
+pub fn routes_to_block(dtype: DType) -> bool {
+    matmul_route() == MatmulRoute::Block && matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
 }
 
 /// Whether `R`'s matmuls of `dtype` go to cuBLASLt: the route is picked, this is CUDA and a

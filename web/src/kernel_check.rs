@@ -1,12 +1,13 @@
 //! The page's guard against wrong numbers: before a model serves, one small request runs through
-//! tally's kernels and through plain Burn ops on the same adapter, and the kernels serve only if
-//! both agree. An adapter that miscompiles a kernel then costs speed, never correctness.
+//! tally's kernels (its register-block matmul included) and through plain Burn ops (cubek's
+//! default matmul) on the same adapter, and the kernels serve only if both agree. An adapter that
+//! miscompiles a kernel then costs speed, never correctness.
 
 use burn::tensor::backend::Backend as _;
 use serde::Serialize;
 use tally_core::{Items, Query, ScoreRequest};
 use tally_engine::{EngineError, Scorer};
-use tally_model::Routes;
+use tally_model::{set_matmul_route, MatmulRoute, Routes};
 
 use crate::Backend;
 
@@ -26,9 +27,9 @@ pub struct KernelCheck {
 /// Scores the check request both ways and leaves `scorer` on the path that may serve.
 pub async fn check_kernels(scorer: &mut Scorer<Backend>, vocab_size: usize) -> Result<KernelCheck, EngineError> {
     let request = check_request(vocab_size);
-    scorer.set_routes(Routes::PLAIN);
+    use_kernels(scorer, false);
     let plain = scorer.score_async(&request).await?.scores;
-    scorer.set_routes(Routes::default());
+    use_kernels(scorer, true);
     let kernels = scorer.score_async(&request).await?.scores;
     let error = max_relative_error(&kernels, &plain);
     let passed = error <= TOLERANCE;
@@ -36,10 +37,17 @@ pub async fn check_kernels(scorer: &mut Scorer<Backend>, vocab_size: usize) -> R
     let message = if passed {
         format!("tally's kernels agree with plain Burn ops on this adapter (max relative difference {error:.1e})")
     } else {
-        scorer.set_routes(Routes::PLAIN);
+        use_kernels(scorer, false);
         format!("tally's kernels disagree with plain Burn ops on this adapter ({adapter}; max relative difference {error:.1e}): scoring with plain Burn ops instead")
     };
     Ok(KernelCheck { passed, max_relative_error: error, message })
+}
+
+/// Every hot path on tally's kernels and the matmuls on its register-block kernel (`true`), or
+/// all of them on plain Burn ops and cubek's default matmul.
+pub fn use_kernels(scorer: &mut Scorer<Backend>, kernels: bool) {
+    scorer.set_routes(if kernels { Routes::default() } else { Routes::PLAIN });
+    set_matmul_route(if kernels { MatmulRoute::Block } else { MatmulRoute::Cubecl });
 }
 
 /// A query and items of different lengths (one item of a single token), full-vocabulary

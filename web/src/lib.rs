@@ -16,11 +16,11 @@ use burn_cubecl::CubeBackend;
 use serde::Serialize;
 use tally_core::ScoreRequest;
 use tally_engine::{EngineError, Scorer, ScorerOptions};
-use tally_model::{FileData, OpenedModel, RangedBytes, Routes};
+use tally_model::{FileData, OpenedModel, RangedBytes};
 use wasm_bindgen::prelude::*;
 
 mod kernel_check;
-use kernel_check::{check_kernels, KernelCheck};
+use kernel_check::{check_kernels, use_kernels, KernelCheck};
 
 /// Burn's CubeCL backend on WebGPU, built without autotune and without fusion (see the
 /// workspace's `burn` dependency). Measured in headless Chromium (SwiftShader): matmul autotune
@@ -142,15 +142,15 @@ impl Model {
         Ok(serde_wasm_bindgen::to_value(&*self.info.borrow())?)
     }
 
-    /// Run the hot paths with tally's kernels (`true`, the default where they passed the load-time
-    /// check) or plain Burn ops.
+    /// Run the hot paths and matmuls with tally's kernels (`true`, the default where they passed
+    /// the load-time check) or plain Burn ops.
     #[wasm_bindgen(js_name = setKernels)]
     pub fn set_kernels(&self, kernels: bool) -> Result<(), JsError> {
         if kernels && !self.info.borrow().kernel_check.passed {
             return Err(JsError::new(&self.info.borrow().kernel_check.message));
         }
         let mut scorer = self.scorer.try_borrow_mut().map_err(|_| JsError::new("the model is busy scoring"))?;
-        scorer.set_routes(if kernels { Routes::default() } else { Routes::PLAIN });
+        use_kernels(&mut scorer, kernels);
         self.info.borrow_mut().kernels = kernels;
         Ok(())
     }

@@ -5,7 +5,7 @@ use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr};
-use tally_shaders::{add_rms_norm, norm_rope, silu_mul, cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
+use tally_shaders::{add_rms_norm, block_matmul, norm_rope, routes_to_block, silu_mul, cublas_matmul, RegisterBlock, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
 use super::{PlannedAttention, ScoringBackend};
 use crate::attention::PaddedPlan;
@@ -83,16 +83,23 @@ where
     I: IntElement,
     BT: BoolElement,
 {
-    /// cuBLASLt where that route is picked (CUDA), else Burn's autotuned matmul, except for
-    /// float32 where that would round to tf32 (tally's float32 unit matmul then).
+    /// cuBLASLt or tally's register-block kernel where that route is picked, else Burn's
+    /// autotuned matmul, except for float32 where that would round to tf32 (tally's float32
+    /// unit matmul then).
     fn matmul<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
         let (dtype, device) = (lhs.dtype(), lhs.device());
         if !Self::replaces_matmul(dtype, &device) {
             return autotuned_matmul(lhs, rhs);
         }
         let (lhs, rhs) = (lhs.into_primitive().tensor(), rhs.into_primitive().tensor());
-        let cublas = if routes_to_cublas::<R>(dtype) { cublas_matmul(&lhs, &rhs) } else { None };
-        let product = match cublas {
+        let routed = if routes_to_cublas::<R>(dtype) {
+            cublas_matmul(&lhs, &rhs)
+        } else if routes_to_block(dtype) {
+            block_matmul(&lhs, &rhs, RegisterBlock::DEFAULT)
+        } else {
+            None
+        };
+        let product = match routed {
             Some(product) => product,
             None if matmul_rounds_to_tf32(&R::client(&device), dtype) => f32_matmul(lhs, rhs),
             None => return autotuned_matmul(Tensor::from_primitive(TensorPrimitive::Float(lhs)), Tensor::from_primitive(TensorPrimitive::Float(rhs))),
@@ -101,7 +108,7 @@ where
     }
 
     fn replaces_matmul(dtype: DType, device: &R::Device) -> bool {
-        routes_to_cublas::<R>(dtype) || matmul_rounds_to_tf32(&R::client(device), dtype)
+        routes_to_cublas::<R>(dtype) || routes_to_block(dtype) || matmul_rounds_to_tf32(&R::client(device), dtype)
     }
 }
 
