@@ -4,7 +4,8 @@
 In headless Chromium (WebGPU on SwiftShader) the page loads a model and scores one request:
 load time, first score (every kernel compiled), warm score (median of --warm). Natively,
 `tally serve --backend wgpu` (Vulkan: lavapipe on a machine without a GPU) answers the same
-request over HTTP: first and warm. Also the wasm module's size, raw and gzip. Writes one JSON
+request over HTTP: first and warm, with autotune's matmuls (the default) and with the page's
+register-block matmul (`--matmul block`). Also the wasm module's size, raw and gzip. Writes one JSON
 with the ratios page / native; the machine is in it.
 
 usage: benches/browser_vs_native.py --tally target/release/tally [--dist web/dist] [--out FILE]
@@ -29,13 +30,18 @@ WIDE_VOCAB = "wide-vocab"
 
 
 def requests(dist):
-    """(name, page URL, native path, request): the fixture with a tokenizer, and SmolLM2."""
+    """(name, page URL, native path, request): the fixture with a tokenizer, and SmolLM2 with 4
+    and with 20 items."""
     fixture = json.loads((browser.CASES / "wide_vocab_text.json").read_text())["request"]
     out = [("wide-vocab fixture (2 layers, hidden 16, vocab 151936)", f"models/{WIDE_VOCAB}", dist / "models" / WIDE_VOCAB, fixture)]
     smollm2 = dist / "models" / browser.SMOLLM2
     if smollm2.is_file():
         case = json.loads((ROOT / "tests" / "fixtures" / "smollm2.json").read_text())["cases"][0]
         out.append(("SmolLM2-135M-Instruct Q4_1", f"models/{browser.SMOLLM2}", smollm2, case["request"]))
+        countries = ["France", "Italy", "Germany", "Spain", "Portugal", "Greece", "Poland", "Austria", "Sweden", "Norway",
+                     "Finland", "Denmark", "Ireland", "Belgium", "Hungary", "Romania", "Bulgaria", "Croatia", "Egypt", "Japan"]
+        twenty = dict(case["request"], items=[f" {country} is" for country in countries])
+        out.append(("SmolLM2-135M-Instruct Q4_1, 20 items", f"models/{browser.SMOLLM2}", smollm2, twenty))
     return out
 
 
@@ -51,11 +57,11 @@ def page_timings(page, url, request, warm):
     return {"load_s": load_s, "first_score_s": times[0], "warm_score_s": statistics.median(times[1:])}
 
 
-def native_timings(binary, model, request, warm):
+def native_timings(binary, model, request, warm, matmul):
     port = browser.free_port()
     started = time.time()
     # Cold on both sides: the page has no warm-up, so the server skips its own.
-    server = subprocess.Popen([binary, "serve", "--backend", "wgpu", "--no-warmup", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)],
+    server = subprocess.Popen([binary, "serve", "--backend", "wgpu", "--matmul", matmul, "--no-warmup", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -110,14 +116,19 @@ def main():
         for name, url, native_model, request in requests(dist):
             in_page = page_timings(page, url, request, args.warm)
             result["adapter"] = page.evaluate("tally.info() && navigator.gpu.requestAdapter().then(a => `${a.info.vendor} ${a.info.architecture}`)")
-            native = native_timings(args.tally, native_model, request, args.warm)
+            # Natively with autotune's matmuls (the default) and with the page's (`--matmul block`).
+            native = native_timings(args.tally, native_model, request, args.warm, "cubecl")
+            native_block = native_timings(args.tally, native_model, request, args.warm, "block")
             result["models"].append({
                 "model": name,
                 "items": len(request["items"]),
                 "page": in_page,
                 "native_wgpu": native,
+                "native_wgpu_matmul_block": native_block,
                 "warm_score_ratio_page_over_native": in_page["warm_score_s"] / native["warm_score_s"],
+                "warm_score_ratio_page_over_native_block": in_page["warm_score_s"] / native_block["warm_score_s"],
                 "first_score_ratio_page_over_native": in_page["first_score_s"] / native["first_score_s"],
+                "load_ratio_page_over_native": in_page["load_s"] / native["load_s"],
             })
             print(json.dumps(result["models"][-1]), flush=True)
     finally:

@@ -3,7 +3,7 @@
 
 use std::io::Read;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use tally_model::ScoringBackend;
 use tally_core::{Items, Query, ScoreRequest};
 use tally_engine::Scorer;
@@ -44,13 +44,7 @@ fn read_request(path: &std::path::Path) -> Result<ScoreRequest> {
 
 fn table<B: ScoringBackend>(scorer: &mut Scorer<B>, args: &ScoreArgs) -> Result<String> {
     let tokenizer = scorer.preparer().tokenizer()?;
-    let mut label_ids = Vec::with_capacity(args.labels.len());
-    for label in &args.labels {
-        match tokenizer.encode(label)?.as_slice() {
-            [id] => label_ids.push(i64::from(*id)),
-            ids => bail!("label {label:?} is {} tokens ({ids:?}); a label must be exactly one token", ids.len()),
-        }
-    }
+    let label_ids = args.labels.iter().map(|label| tokenizer.label_id(label).map(i64::from)).collect::<Result<_, _>>()?;
     let request = ScoreRequest {
         query: Query::Text(args.query.clone().unwrap_or_default()),
         items: Items::Texts(args.items.clone()),

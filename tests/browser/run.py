@@ -242,6 +242,23 @@ def check_bad_input(page, failures):
                 failures.append(f"{what}: unclear error {error}")
 
 
+def check_labels_as_text(page, smollm2, failures):
+    """Labels as words resolve to the tokenizer's ids (the page's default labels are words); a
+    word of two tokens is refused with the CLI's message."""
+    words, ids = ([" Paris", " Rome"], [7042, 7268]) if smollm2 else ([" Yes", " No"], [7414, 2308])
+    failed_before = len(failures)
+    got = page.evaluate(f"tally.labelIds({json.dumps(words)})")
+    if got != ids:
+        failures.append(f"labels as text: {words} resolved to {got}, not {ids}")
+    try:
+        page.evaluate("tally.labelIds([' France is'])")
+        failures.append("labels as text: a label of two tokens was accepted")
+    except RuntimeError as error:
+        if "exactly one token" not in str(error):
+            failures.append(f"labels as text: unclear error {error}")
+    print(f"{'ok  ' if len(failures) == failed_before else 'FAIL'} labels as text: {words} -> {got}", flush=True)
+
+
 def check_page_form(page, dist, failures, report, screenshot):
     """The page as a person uses it: its default model (SmolLM2 where build.sh included it), the
     default request scored with the server comparison on (bars drawn, page == server, and on
@@ -252,6 +269,7 @@ def check_page_form(page, dist, failures, report, screenshot):
     started = time.time()
     page.evaluate("page.load(document.getElementById('model-url').value)")
     timing["load_s"] = time.time() - started
+    check_labels_as_text(page, smollm2, failures)
     for kernels in (True, False):
         path = "kernels" if kernels else "plain"
         failed_before = len(failures)

@@ -121,6 +121,15 @@ export async function load(source, { onProgress, kernels = true, logGpu = false 
   });
 }
 
+/**
+ * The token ids of labels given as text (["Yes", "No"]): each must be exactly one token of the
+ * model's tokenizer, else this rejects saying which label is how many tokens.
+ */
+export function labelIds(labels) {
+  if (!model) return Promise.reject(new Error('load a model first'));
+  return serialized(async () => Array.from(model.labelIds(labels)));
+}
+
 /** Scores a /v1/score request object; resolves with the server's response object. */
 export function score(request) {
   if (!model) return Promise.reject(new Error('no model is loaded: call tally.load(source) first'));
@@ -142,4 +151,4 @@ function adapterName(adapter) {
   return [i.vendor, i.architecture, i.device, i.description].filter(Boolean).join(' ') || 'unknown adapter';
 }
 
-if (typeof window !== 'undefined') window.tally = { load, score, setKernels, info };
+if (typeof window !== 'undefined') window.tally = { load, score, labelIds, setKernels, info };

@@ -122,7 +122,7 @@ impl Model {
         }
         let device = device().await?;
         let mut scorer = Scorer::<Backend>::from_opened(opened, name.clone(), &device, ScorerOptions::default(), &mut |_, _| {}).map_err(error)?;
-        let kernel_check = check_kernels(&mut scorer, config.vocab_size).await.map_err(error)?;
+        let kernel_check = check_kernels(&mut scorer, &config, &device).await?;
         let info = ModelInfo {
             name,
             family: format!("{:?}", config.family),
@@ -153,6 +153,15 @@ impl Model {
         use_kernels(&mut scorer, kernels);
         self.info.borrow_mut().kernels = kernels;
         Ok(())
+    }
+
+    /// The token ids of labels given as text, each of which must be exactly one token of the
+    /// model's tokenizer (as `tally score --label` requires).
+    #[wasm_bindgen(js_name = labelIds)]
+    pub fn label_ids(&self, labels: Vec<String>) -> Result<Vec<u32>, JsError> {
+        let scorer = self.scorer.try_borrow().map_err(|_| JsError::new("the model is busy scoring"))?;
+        let tokenizer = scorer.preparer().tokenizer().map_err(error)?;
+        labels.iter().map(|label| tokenizer.label_id(label)).collect::<Result<_, _>>().map_err(error)
     }
 
     /// Scores a `/v1/score` request object; resolves with the response object the server returns.

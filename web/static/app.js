@@ -42,10 +42,20 @@ async function load(source) {
   }
 }
 
-function request() {
-  const ids = (text) => text.split(/[\s,]+/).filter(Boolean).map(Number);
-  const labels = ids($('labels').value);
-  if (labels.some((id) => !Number.isInteger(id))) throw new Error('label token ids must be integers, separated by commas');
+// The request the form describes. Labels as text resolve to token ids with the model's tokenizer
+// (each must be one token); the ids used are shown beside the field.
+async function request() {
+  const text = $('labels').value;
+  let labels;
+  if ($('label-kind').value === 'text') {
+    const words = text.split('\n').filter((line) => line.length > 0);
+    labels = await tally.labelIds(words);
+    $('label-ids').textContent = `token ids: ${words.map((w, i) => `${JSON.stringify(w)} → ${labels[i]}`).join(', ')}`;
+  } else {
+    labels = text.split(/[\s,]+/).filter(Boolean).map(Number);
+    if (labels.some((id) => !Number.isInteger(id))) throw new Error('label token ids must be integers, separated by commas');
+    $('label-ids').textContent = '';
+  }
   return {
     query: $('query').value,
     items: $('items').value.split('\n').filter((line) => line.length > 0),
@@ -89,7 +99,7 @@ async function score() {
   showError(null);
   document.body.dataset.state = 'scoring';
   try {
-    const body = request();
+    const body = await request();
     const start = performance.now();
     const page = await tally.score(body);
     const pageMs = performance.now() - start;
@@ -124,7 +134,7 @@ async function chooseDefaultModel() {
   const head = await fetch($('model-url').value, { method: 'HEAD' }).catch(() => null);
   if (head?.ok) return;
   $('model-url').value = 'models/wide-vocab';
-  $('labels').value = '7414, 2308';
+  $('labels').value = ' Yes\n No';
 }
 
 // For tests and the console: the page's own steps, once the default model is chosen.

@@ -14,6 +14,8 @@ pub enum TokenizerError {
     Gguf(String),
     #[error("cannot tokenize text: {0}")]
     Encode(String),
+    #[error("label {label:?} is {} tokens ({ids:?}); a label must be exactly one token", ids.len())]
+    NotOneToken { label: String, ids: Vec<u32> },
 }
 
 pub struct TextTokenizer {
@@ -100,6 +102,15 @@ impl TextTokenizer {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         let encoding = self.inner.encode(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The token id of a label given as text (`--label`, the page's label words), which must be
+    /// exactly one token: a score is the probability of one next token.
+    pub fn label_id(&self, label: &str) -> Result<u32, TokenizerError> {
+        match self.encode(label)?.as_slice() {
+            [id] => Ok(*id),
+            ids => Err(TokenizerError::NotOneToken { label: label.to_owned(), ids: ids.to_vec() }),
+        }
     }
 
     /// `text` as the start of a sequence: with the BOS token the tokenizer adds, if any.
@@ -218,6 +229,10 @@ mod tests {
             assert_eq!(tokenizer.encode(text).unwrap(), ids, "{text:?}");
         }
         assert!(tokenizer.encode("").unwrap().is_empty());
+        assert_eq!(tokenizer.label_id(" Yes").unwrap(), 7414);
+        let error = tokenizer.label_id("Yes please").unwrap_err().to_string();
+        assert!(error.contains("is 2 tokens") && error.contains("exactly one token"), "{error}");
+        assert!(tokenizer.label_id("").unwrap_err().to_string().contains("is 0 tokens"));
         assert_eq!(tokenizer.encode_sequence_start("Yes").unwrap(), vec![9454], "Qwen3 adds no BOS");
     }
 

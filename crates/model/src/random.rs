@@ -1,5 +1,6 @@
-//! Writes seeded random checkpoints (Qwen3, Llama, Qwen2) in HF layout (bf16 safetensors, sharded when large,
-//! transformers 5.x config.json), so benchmarks run on real shapes without a download.
+//! Seeded random checkpoints (Qwen3, Llama, Qwen2): written in HF layout (bf16 safetensors, sharded
+//! when large, transformers 5.x config.json), so benchmarks run on real shapes without a download,
+//! or opened in memory ([`random_model`]: the browser's load-time kernel check, which has no disk).
 //!
 //! Weights are sharp rather than std 0.02 — unit embeddings, fan-in-scaled projections, norm gains
 //! in [0.5, 1.5] — so activations and attention look like a trained model's, not like noise.
@@ -11,6 +12,9 @@ use safetensors::{Dtype, View};
 use serde_json::json;
 
 use crate::config::{ModelConfig, RopeScaling};
+use crate::file_data::FileData;
+use crate::source::{OpenedModel, TokenizerSource};
+use crate::weights::{Checkpoint, WeightsError};
 use crate::tensor_names::{LayerTensor, TensorName};
 
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +23,8 @@ pub enum WriteError {
     Io { path: String, source: std::io::Error },
     #[error("cannot write safetensors: {0}")]
     Safetensors(#[from] safetensors::SafeTensorError),
+    #[error("cannot open the random weights: {0}")]
+    Open(#[from] WeightsError),
 }
 
 /// SplitMix64: seeded, fast, and good enough for random weights.
@@ -69,14 +75,16 @@ fn tensor(shape: Vec<usize>, mut value: impl FnMut() -> f64) -> Bf16Tensor {
     Bf16Tensor { shape, bytes }
 }
 
-/// Writes `config.json` and bf16 weights into `dir`; shards of at most `max_shard_bytes` with a
-/// `model.safetensors.index.json` when the weights do not fit in one.
-pub fn write_random_checkpoint(dir: &Path, config: &ModelConfig, seed: u64, max_shard_bytes: usize) -> Result<(), WriteError> {
-    let io = |path: &Path| {
-        let path = path.display().to_string();
-        move |source| WriteError::Io { path, source }
-    };
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
+/// A model of `config`'s shapes with seeded random bf16 weights, in memory, without a tokenizer.
+pub fn random_model(config: &ModelConfig, seed: u64) -> Result<OpenedModel, WriteError> {
+    let weights = random_weights(config, seed);
+    let bytes = safetensors::serialize(weights.iter().map(|(n, t)| (n.as_str(), t)), None)?;
+    let checkpoint = Checkpoint::from_data(vec![("model.safetensors".to_owned(), FileData::Owned(bytes))])?;
+    Ok(OpenedModel { config: config.clone(), weights: Box::new(checkpoint), tokenizer: TokenizerSource::None })
+}
+
+/// Every weight of `config` by its HF name, seeded, in name order.
+fn random_weights(config: &ModelConfig, seed: u64) -> Vec<(String, Bf16Tensor)> {
     let c = config;
     let mut rng = Rng(seed);
     let (h, d) = (c.hidden_size, c.head_dim);
@@ -119,8 +127,22 @@ pub fn write_random_checkpoint(dir: &Path, config: &ModelConfig, seed: u64, max_
     weights.push((TensorName::Embeddings.hf(), tensor(vec![c.vocab_size, h], || embed_std * rng.normal())));
     weights.extend(plain);
 
-    // Greedy sharding in name order.
     weights.sort_by(|a, b| a.0.cmp(&b.0));
+    weights
+}
+
+/// Writes `config.json` and bf16 weights into `dir`; shards of at most `max_shard_bytes` with a
+/// `model.safetensors.index.json` when the weights do not fit in one.
+pub fn write_random_checkpoint(dir: &Path, config: &ModelConfig, seed: u64, max_shard_bytes: usize) -> Result<(), WriteError> {
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| WriteError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let c = config;
+    let weights = random_weights(config, seed);
+
+    // Greedy sharding in name order.
     let mut shards: Vec<Vec<&(String, Bf16Tensor)>> = vec![Vec::new()];
     let mut shard_bytes = 0;
     for entry in &weights {
@@ -188,7 +210,22 @@ fn hf_config(c: &ModelConfig) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::weights::{Checkpoint, TensorSource};
+    use crate::weights::TensorSource;
+
+    /// The in-memory model holds what a written checkpoint of the same seed holds.
+    #[test]
+    fn a_random_model_in_memory_is_the_written_one() {
+        let config = crate::presets::preset("tiny").unwrap();
+        let dir = std::env::temp_dir().join(format!("tally-random-memory-{}", std::process::id()));
+        write_random_checkpoint(&dir, &config, 5, usize::MAX).unwrap();
+        let written = Checkpoint::open(&dir).unwrap();
+        let in_memory = random_model(&config, 5).unwrap();
+        assert_eq!(in_memory.config, config);
+        for (name, shape) in [(TensorName::layer(1, LayerTensor::DownProj), vec![64, config.intermediate_size]), (TensorName::FinalNorm, vec![64])] {
+            assert_eq!(in_memory.weights.read(name, &shape).unwrap(), written.read(name, &shape).unwrap(), "{name:?}");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 
     #[test]
     fn every_preset_config_reads_back_as_written() {
