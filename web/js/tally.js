@@ -100,8 +100,8 @@ async function modelFiles(source, onProgress) {
 
 /**
  * Loads a model (replacing the last one); resolves with its info, including `kernel_check`: one
- * request scored with tally's kernels and with plain Burn ops, the kernels serving only if they
- * agree. `logGpu: true` on the first load logs every kernel compiled to the console.
+ * request scored with tally's kernels and with plain Burn ops on a one-layer random model of the
+ * loaded model's shape, the kernels serving only if they agree. `logGpu: true` on the first load logs every kernel compiled to the console.
  */
 export async function load(source, { onProgress, kernels = true, logGpu = false } = {}) {
   const adapter = await webgpuAdapter();
