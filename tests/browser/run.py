@@ -199,8 +199,10 @@ def check_models(page, dist, failures, report):
     for source, cases in sorted(reference_cases(dist).items()):
         started = time.time()
         info = page.evaluate(f"tally.load({json.dumps(source)})")
-        timing = {"model": source, "load_s": time.time() - started, "kernel_check": info["kernel_check"]}
+        timing = {"model": source, "load_s": time.time() - started, "load_phases_s": info.get("load_seconds"), "kernel_check": info["kernel_check"]}
         report["adapter"] = info.get("adapter")
+        if sorted(info.get("load_seconds") or {}) != ["check", "download", "upload"]:
+            failures.append(f"{source}: load phases {info.get('load_seconds')}, not download, upload and check")
         if not info["kernel_check"]["passed"]:
             failures.append(f"{source}: {info['kernel_check']['message']}")
         for kernels in (True, False):

@@ -99,25 +99,48 @@ async function modelFiles(source, onProgress) {
 }
 
 /**
- * Loads a model (replacing the last one); resolves with its info, including `kernel_check`: one
- * request scored with tally's kernels and with plain Burn ops on a one-layer random model of the
- * loaded model's shape, the kernels serving only if they agree. `logGpu: true` on the first load logs every kernel compiled to the console.
+ * Loads a model (replacing the last one) in three phases, each reported to `onProgress` as
+ * `{phase, ...}` before it starts: `download` (with `received`/`total` bytes as they arrive),
+ * `upload` (weights to the GPU) and `check` (tally's kernels against plain Burn ops on a one-layer
+ * random model of the loaded model's shape; the kernels serve only if they agree). Resolves with
+ * the model's info, `kernel_check` and `load_seconds` per phase included. `logGpu: true` on the
+ * first load logs every kernel compiled to the console.
  */
 export async function load(source, { onProgress, kernels = true, logGpu = false } = {}) {
   const adapter = await webgpuAdapter();
   wasmReady ??= init();
   await wasmReady;
   if (logGpu) logGpuWork();
-  const files = await modelFiles(source, onProgress);
+  const seconds = {};
+  let started = performance.now();
+  // Each phase is announced, then the page gets a frame to show it before work that holds the thread.
+  const phase = async (name, details = {}) => {
+    onProgress?.({ phase: name, ...details });
+    await new Promise((resolve) => setTimeout(resolve, 0));
+  };
+  const files = await modelFiles(source, (progress) => onProgress?.({ phase: 'download', ...progress }));
+  seconds.download = (performance.now() - started) / 1000;
   return serialized(async () => {
+    await phase('upload');
+    started = performance.now();
     const loaded = files.gguf
       ? await Model.fromGguf(files.name, files.gguf, adapter.limits.maxStorageBufferBindingSize)
       : await Model.fromHuggingFace(files.name, files.config, files.weights.map(([name]) => name), files.weights.map(([, bytes]) => bytes), files.tokenizer ?? undefined, adapter.limits.maxStorageBufferBindingSize);
+    seconds.upload = (performance.now() - started) / 1000;
+    await phase('check');
+    started = performance.now();
+    try {
+      await loaded.checkKernels();
+    } catch (error) {
+      loaded.free();
+      throw error;
+    }
+    seconds.check = (performance.now() - started) / 1000;
     model?.free();
     model = loaded;
     // Kernels that failed the load-time check against plain Burn ops never serve.
     model.setKernels(kernels && model.info().kernel_check.passed);
-    return { ...model.info(), adapter: adapterName(adapter) };
+    return { ...model.info(), adapter: adapterName(adapter), load_seconds: seconds };
   });
 }
 

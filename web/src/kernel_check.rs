@@ -32,6 +32,13 @@ pub struct KernelCheck {
     pub message: String,
 }
 
+impl KernelCheck {
+    /// Before the check has run: plain Burn ops serve.
+    pub fn pending() -> Self {
+        KernelCheck { passed: false, max_relative_error: f64::NAN, message: "the kernel check has not run yet: plain Burn ops serve".into() }
+    }
+}
+
 /// Vocabulary of the check model: the label kernel's work, not the model's.
 const CHECK_VOCAB: usize = 4_099;
 

@@ -16,7 +16,7 @@ use burn_cubecl::CubeBackend;
 use serde::Serialize;
 use tally_core::ScoreRequest;
 use tally_engine::{EngineError, Scorer, ScorerOptions};
-use tally_model::{FileData, OpenedModel, RangedBytes};
+use tally_model::{FileData, ModelConfig, OpenedModel, RangedBytes};
 use wasm_bindgen::prelude::*;
 
 mod kernel_check;
@@ -77,7 +77,7 @@ struct ModelInfo {
     vocab_size: usize,
     max_positions: usize,
     has_tokenizer: bool,
-    /// Whether tally's kernels serve (or plain Burn ops).
+    /// Whether tally's kernels serve (or plain Burn ops: until the kernel check passes).
     kernels: bool,
     kernel_check: KernelCheck,
 }
@@ -87,6 +87,7 @@ struct ModelInfo {
 pub struct Model {
     scorer: Rc<RefCell<Scorer<Backend>>>,
     info: Rc<RefCell<ModelInfo>>,
+    config: Rc<ModelConfig>,
 }
 
 #[wasm_bindgen]
@@ -122,7 +123,9 @@ impl Model {
         }
         let device = device().await?;
         let mut scorer = Scorer::<Backend>::from_opened(opened, name.clone(), &device, ScorerOptions::default(), &mut |_, _| {}).map_err(error)?;
-        let kernel_check = check_kernels(&mut scorer, &config, &device).await?;
+        // Plain Burn ops until `checkKernels` says the kernels agree with them.
+        use_kernels(&mut scorer, false);
+        let kernel_check = KernelCheck::pending();
         let info = ModelInfo {
             name,
             family: format!("{:?}", config.family),
@@ -134,7 +137,24 @@ impl Model {
             kernels: kernel_check.passed,
             kernel_check,
         };
-        Ok(Model { scorer: Rc::new(RefCell::new(scorer)), info: Rc::new(RefCell::new(info)) })
+        Ok(Model { scorer: Rc::new(RefCell::new(scorer)), info: Rc::new(RefCell::new(info)), config: Rc::new(config) })
+    }
+
+    /// The load-time kernel check (see `kernel_check.rs`): resolves with its result and leaves the
+    /// model on tally's kernels if they agree with plain Burn ops, on plain ops otherwise. A
+    /// separate step from loading, so the page can show it as one.
+    #[wasm_bindgen(js_name = checkKernels)]
+    pub fn check_kernels(&self) -> js_sys::Promise {
+        let (scorer, info, config) = (Rc::clone(&self.scorer), Rc::clone(&self.info), Rc::clone(&self.config));
+        wasm_bindgen_futures::future_to_promise(async move {
+            let device = device().await?;
+            let mut scorer = scorer.try_borrow_mut().map_err(|_| JsError::new("the model is busy scoring"))?;
+            let check = check_kernels(&mut scorer, &config, &device).await?;
+            let mut info = info.borrow_mut();
+            info.kernels = check.passed;
+            info.kernel_check = check.clone();
+            Ok(serde_wasm_bindgen::to_value(&check)?)
+        })
     }
 
     /// `{name, family, layers, hidden_size, vocab_size, max_positions, has_tokenizer, kernels}`.

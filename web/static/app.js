@@ -10,6 +10,9 @@ function showError(error) {
   document.body.dataset.state = error ? 'error' : document.body.dataset.state;
 }
 
+// What the page says during each phase of tally.load.
+const PHASES = { download: 'downloading the model', upload: 'uploading weights to the GPU', check: "checking tally's kernels on this adapter" };
+
 async function load(source) {
   showError(null);
   $('score').disabled = true;
@@ -22,11 +25,20 @@ async function load(source) {
     const info = await tally.load(source, {
       kernels: $('kernels').checked,
       logGpu: new URLSearchParams(location.search).has('log-gpu'),
-      onProgress: ({ received, total }) => { if (total) { progress.max = total; progress.value = received; } },
+      onProgress: ({ phase, received, total }) => {
+        $('phase').textContent = PHASES[phase];
+        if (phase === 'download' && total) {
+          progress.max = total;
+          progress.value = received;
+        } else if (phase !== 'download') {
+          progress.removeAttribute('value');
+        }
+      },
     });
     const seconds = (performance.now() - start) / 1000;
     $('model-info').textContent = `${info.name}: ${info.family}, ${info.layers} layers, hidden ${info.hidden_size}, vocabulary ${info.vocab_size}` +
-      `${info.has_tokenizer ? '' : ' (no tokenizer: token ids only)'} — loaded in ${seconds.toFixed(1)} s on ${info.adapter}`;
+      `${info.has_tokenizer ? '' : ' (no tokenizer: token ids only)'} — loaded in ${seconds.toFixed(1)} s on ${info.adapter} ` +
+      `(${Object.entries(info.load_seconds).map(([phase, s]) => `${phase} ${s.toFixed(1)} s`).join(', ')})`;
     $('kernel-check').textContent = info.kernel_check.message;
     $('kernel-check').className = info.kernel_check.passed ? '' : 'warning';
     $('kernels').checked = info.kernels;
@@ -39,6 +51,7 @@ async function load(source) {
     throw error;
   } finally {
     progress.hidden = true;
+    $('phase').textContent = '';
   }
 }
 
