@@ -68,7 +68,7 @@ def main():
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--attention", default="kernel", choices=["kernel", "tiled", "cascade"])
     parser.add_argument("--elementwise", default="burn", choices=["burn", "kernels"])
-    parser.add_argument("--matmul", default="cubecl", choices=["cubecl", "cublas"])
+    parser.add_argument("--matmul", default="cubecl", choices=["cubecl", "cublas", "block"])
     parser.add_argument("--tolerance", type=float, default=1e-3)
     parser.add_argument("--packed-tolerance", type=float, default=None, help="packed vs per-item (default: the tolerance / 10)")
     parser.add_argument("--cases", default="", help="only cases whose name contains this")

@@ -177,14 +177,18 @@ kernels_stage() {
 }
 
 # The same GPU through wgpu (Vulkan): correctness, one layer's attention, and S1 in float32
-# against CUDA float32 from the stages above.
+# against CUDA float32 from the stages above; then the fixtures and S1 again with tally's
+# register-block matmul (`--matmul block`, the browser page's; 2.75x autotune on lavapipe, not yet
+# measured on a hardware GPU).
 wgpu_stage() {
-    local ok=0 backend=wgpu
-    [ "$dry" = 1 ] && backend=cpu
+    local ok=0 backend=wgpu block=(--matmul block)
+    [ "$dry" = 1 ] && backend=cpu && block=()
     python3 benches/gpu/check_fixtures.py "$wgpu" --backend $backend --out "$out/fixtures-$backend-wgpu-build.json" || ok=1
+    python3 benches/gpu/check_fixtures.py "$wgpu" --backend $backend "${block[@]}" --out "$out/fixtures-$backend-wgpu-build-block.json" || ok=1
     "$wgpu" bench attention --backend $backend --items $items --iterations $iterations --out "$out/attention-wgpu-float32.json" || ok=1
     make_model || return 1
     "$wgpu" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $backend --out "$out/scenario-s1-wgpu-float32.json" || ok=1
+    "$wgpu" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $backend "${block[@]}" --out "$out/scenario-s1-wgpu-float32-block.json" || ok=1
     return $ok
 }
 
