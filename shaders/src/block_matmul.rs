@@ -55,7 +55,8 @@ pub fn block_matmul<R: CubeRuntime>(lhs: &CubeTensor<R>, rhs: &CubeTensor<R>, bl
     }
     let dtype = lhs.dtype;
     let stride = |t: &CubeTensor<R>, dim: usize| t.meta.strides()[dim] as u32;
-    block_matmul_kernel::launch::<R>(
+    // Unchecked: every read is clamped into the operands and every write guarded (see the kernel).
+    unsafe { block_matmul_kernel::launch_unchecked::<R>(
         &lhs.client,
         cubes(blocks.div_ceil(UNITS), 1),
         CubeDim::new_1d(UNITS as u32),
@@ -72,11 +73,11 @@ pub fn block_matmul<R: CubeRuntime>(lhs: &CubeTensor<R>, rhs: &CubeTensor<R>, bl
         block.rows,
         block.columns,
         dtype.into(),
-    );
+    ) };
     Some(out)
 }
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn block_matmul_kernel<F: Float>(lhs: &Tensor<F>, rhs: &Tensor<F>, out: &mut Tensor<F>, m: u32, n: u32, k: u32, lhs_row: u32, lhs_col: u32, rhs_row: u32, rhs_col: u32, #[comptime] rows: usize, #[comptime] columns: usize, #[define(F)] _dtype: StorageType) {
     // Sizes and strides in elements (the operands may be transposed views).
     let (m, n, k) = (m as usize, n as usize, k as usize);
