@@ -372,10 +372,11 @@ fn cublas_matmuls_match_a_float64_product() {
 }
 
 /// tally's register-block matmul (`--matmul block`) against a float64 product, for every block
-/// it has: rows and columns of one, just under, at and past the block, more blocks than a cube
-/// holds, inner dimensions of one and of a model, the right-hand side as a weight and as the LM
-/// head's transposed view. Then through `ScoringBackend::matmul` on both CubeCL backend types
-/// with the route picked, a batched product (which the kernel declines) included.
+/// it has: rows and columns of one, just under, at and past the block; just under, at and past
+/// the blocks one cube takes, and many cubes; inner dimensions of one and of a model, the
+/// right-hand side as a weight and as the LM head's transposed view. Then through
+/// `ScoringBackend::matmul` on both CubeCL backend types with the route picked, a batched product
+/// (which the kernel declines) included.
 fn block_matmuls_match_a_float64_product_at_every_block_edge() {
     use tally_shaders::{block_matmul, set_matmul_route, MatmulRoute, RegisterBlock};
     /// Puts the process back on CubeCL's matmuls however the test ends.
@@ -395,6 +396,8 @@ fn block_matmuls_match_a_float64_product_at_every_block_edge() {
         let edges = |size: usize| [1, size - 1, size, size + 1];
         let mut shapes: Vec<[usize; 3]> = edges(rows).into_iter().flat_map(|m| edges(columns).map(|n| [m, 9, n])).collect();
         shapes.extend([[37, 576, 200], [rows * 9 + 1, 1, columns * 70 + 3], [16, 1536, 576]]);
+        // One row of blocks just under, at and past the blocks one cube takes (64 units).
+        shapes.extend([63, 64, 65].map(|blocks| [rows, 5, columns * blocks]));
         for [m, k, n] in shapes {
             for rhs_transposed in [false, true] {
                 seed += 1;

@@ -155,7 +155,8 @@ pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output>
     }
 }
 
-/// Sets the process's matmul route, or says why `--matmul cublas` cannot run here.
+/// Sets the process's matmul route, or says why `--matmul block` or `--matmul cublas` cannot
+/// run on this backend.
 fn pick_matmul(backend: BackendKind, matmul: Matmul) -> Result<()> {
     match matmul {
         Matmul::Cubecl => return Ok(()),

@@ -5,7 +5,7 @@
 //! Why tally has its own: on software adapters (Chromium's SwiftShader, the WebGPU of a browser
 //! with no GPU) workgroup barriers and shared memory are what costs, and cubek's tiled matmuls
 //! (all built on them) run 3–7× slower there than its naive one-output-per-unit kernel, which
-//! in turn loads every operand once per output. Measured on SmolLM2's shapes (16 rows):
+//! in turn loads every operand once per output. Measured on SmolLM2's shapes with
 //! `examples/matmul_candidates.rs`: at 16 and 64 rows its 8 × 8 block is 3–7× faster than the
 //! naive kernel and 5–12× faster than the unit kernel WebGPU gets today on SwiftShader, and 1.6–2×
 //! faster than autotune's best (cubek's double-buffered unit kernel) on lavapipe. It is a route

@@ -42,10 +42,10 @@ impl KernelCheck {
 /// Vocabulary of the check model: the label kernel's work, not the model's.
 const CHECK_VOCAB: usize = 4_099;
 
-/// Scores the check request both ways on a random model shaped like `config` and leaves
+/// Scores the check request both ways on a random model shaped like `scorer`'s and leaves
 /// `scorer` (the real model) on the path that may serve.
-pub async fn check_kernels(scorer: &mut Scorer<Backend>, config: &ModelConfig, device: &WgpuDevice) -> Result<KernelCheck, JsError> {
-    let opened = random_model(&check_config(config), 29)?;
+pub async fn check_kernels(scorer: &mut Scorer<Backend>, device: &WgpuDevice) -> Result<KernelCheck, JsError> {
+    let opened = random_model(&check_config(scorer.model_config()), 29)?;
     let mut check = Scorer::<Backend>::from_opened(opened, "kernel check".into(), device, ScorerOptions::default(), &mut |_, _| {})?;
     let result = compare_paths(&mut check).await?;
     use_kernels(scorer, result.passed);

@@ -16,7 +16,7 @@ use burn_cubecl::CubeBackend;
 use serde::Serialize;
 use tally_core::ScoreRequest;
 use tally_engine::{EngineError, Scorer, ScorerOptions};
-use tally_model::{FileData, ModelConfig, OpenedModel, RangedBytes};
+use tally_model::{FileData, OpenedModel, RangedBytes};
 use wasm_bindgen::prelude::*;
 
 mod kernel_check;
@@ -87,7 +87,6 @@ struct ModelInfo {
 pub struct Model {
     scorer: Rc<RefCell<Scorer<Backend>>>,
     info: Rc<RefCell<ModelInfo>>,
-    config: Rc<ModelConfig>,
 }
 
 #[wasm_bindgen]
@@ -137,7 +136,7 @@ impl Model {
             kernels: kernel_check.passed,
             kernel_check,
         };
-        Ok(Model { scorer: Rc::new(RefCell::new(scorer)), info: Rc::new(RefCell::new(info)), config: Rc::new(config) })
+        Ok(Model { scorer: Rc::new(RefCell::new(scorer)), info: Rc::new(RefCell::new(info)) })
     }
 
     /// The load-time kernel check (see `kernel_check.rs`): resolves with its result and leaves the
@@ -145,11 +144,11 @@ impl Model {
     /// separate step from loading, so the page can show it as one.
     #[wasm_bindgen(js_name = checkKernels)]
     pub fn check_kernels(&self) -> js_sys::Promise {
-        let (scorer, info, config) = (Rc::clone(&self.scorer), Rc::clone(&self.info), Rc::clone(&self.config));
+        let (scorer, info) = (Rc::clone(&self.scorer), Rc::clone(&self.info));
         wasm_bindgen_futures::future_to_promise(async move {
             let device = device().await?;
             let mut scorer = scorer.try_borrow_mut().map_err(|_| JsError::new("the model is busy scoring"))?;
-            let check = check_kernels(&mut scorer, &config, &device).await?;
+            let check = check_kernels(&mut scorer, &device).await?;
             let mut info = info.borrow_mut();
             info.kernels = check.passed;
             info.kernel_check = check.clone();

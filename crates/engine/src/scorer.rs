@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
-use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, OpenedModel, QueryBatch, Routes, ScoringBackend, PREFILL_CHUNK};
+use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, ModelConfig, OpenedModel, QueryBatch, Routes, ScoringBackend, PREFILL_CHUNK};
 
 use crate::prefill::prefill_queries;
 use crate::prefix_cache::PrefixLru;
@@ -84,6 +84,11 @@ impl<B: ScoringBackend> Scorer<B> {
     /// Asks for the hot paths' routes; the backend answers what it runs (see [`Routes`]).
     pub fn set_routes(&mut self, requested: Routes) {
         self.model.set_routes(requested);
+    }
+
+    /// The model's shape.
+    pub fn model_config(&self) -> &ModelConfig {
+        self.model.config()
     }
 
     /// What runs each hot path.
