@@ -14,6 +14,8 @@
 //! - [`autotune`]: the shapes a warm-up meets so CubeCL has compiled and tuned for each class.
 //! - [`matmul_route`]: which kernel or library multiplies; [`cublas`] (feature `cublas`): the
 //!   cuBLASLt route; [`cuda`]: CUDA's runtime type and free memory for generic code.
+//! - [`matmul_choice`]: on the block route, the kernel each shape class uses;
+//!   [`matmul_tuning`]: choosing it by timing candidates checked against a float64 product.
 
 pub mod attention;
 pub mod autotune;
@@ -27,7 +29,9 @@ pub mod cuda;
 pub mod f32_matmul;
 mod grid;
 pub mod label_logprobs;
+pub mod matmul_choice;
 pub mod matmul_route;
+pub mod matmul_tuning;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;
@@ -36,6 +40,7 @@ pub use block_matmul::{block_matmul, RegisterBlock};
 pub use attention::{tensor_core_tiles, tile_fits, AttentionKernel, AttentionTiles, MultiItemAttention, TileShape};
 pub use f32_matmul::{f32_matmul, matmul_rounds_to_tf32};
 pub use label_logprobs::StreamedLabelLogprobs;
+pub use matmul_choice::{chosen_matmul, force_matmul, matmul_choices, set_matmul_choice, unchosen_matmul_shapes, MatmulKernel, MatmulShape};
 pub use matmul_route::{cublas_matmul, routes_to_block, routes_to_cublas, set_matmul_route, MatmulRoute};
 pub use rms_norm::add_rms_norm;
 pub use rope::norm_rope;

@@ -1,5 +1,5 @@
 //! Which kernel multiplies (`--matmul`): CubeCL's autotuned cubek kernels, tally's register-block
-//! kernel ([`crate::block_matmul`], every CubeCL runtime), or cuBLASLt ([`crate::cublas`],
+//! kernel ([`crate::block_matmul`], every CubeCL runtime, or per shape a checked choice), or cuBLASLt ([`crate::cublas`],
 //! feature `cublas`, CUDA only). One process-wide choice, set once by the command line (or the
 //! browser page) before the model runs.
 
@@ -18,7 +18,8 @@ pub enum MatmulRoute {
     Cublas,
     /// tally's register-block kernel for 2-D matmuls (the model's projections and LM head; other
     /// ranks stay on cubek): no shared memory or barriers, which is what software adapters
-    /// (lavapipe, SwiftShader) are slow at.
+    /// (lavapipe, SwiftShader) are slow at. Per shape class, the kernel a checked timing chose
+    /// instead, where one did ([`crate::matmul_choice`]: the browser page tunes them).
     Block,
 }
 

@@ -5,7 +5,7 @@ use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr};
-use tally_shaders::{add_rms_norm, block_matmul, norm_rope, routes_to_block, silu_mul, cublas_matmul, RegisterBlock, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
+use tally_shaders::{add_rms_norm, chosen_matmul, norm_rope, routes_to_block, silu_mul, cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
 use super::{PlannedAttention, ScoringBackend};
 use crate::attention::PaddedPlan;
@@ -83,9 +83,9 @@ where
     I: IntElement,
     BT: BoolElement,
 {
-    /// cuBLASLt or tally's register-block kernel where that route is picked, else Burn's
-    /// autotuned matmul, except for float32 where that would round to tf32 (tally's float32
-    /// unit matmul then).
+    /// cuBLASLt, or tally's register-block kernel (or the kernel chosen for the shape class), where
+    /// that route is picked; else Burn's autotuned matmul, except for float32 where that would round to
+    /// tf32 (tally's float32 unit matmul then).
     fn matmul<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
         let (dtype, device) = (lhs.dtype(), lhs.device());
         if !Self::replaces_matmul(dtype, &device) {
@@ -95,7 +95,7 @@ where
         let routed = if routes_to_cublas::<R>(dtype) {
             cublas_matmul(&lhs, &rhs)
         } else if routes_to_block(dtype) {
-            block_matmul(&lhs, &rhs, RegisterBlock::DEFAULT)
+            chosen_matmul(&lhs, &rhs)
         } else {
             None
         };
