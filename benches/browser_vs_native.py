@@ -2,7 +2,8 @@
 """The browser page against native tally on the same machine and the same requests.
 
 In headless Chromium (WebGPU on SwiftShader) the page loads a model and scores one request:
-load time, first score (every kernel compiled), warm score (median of --warm). Natively,
+load time, first score (every kernel compiled), the matmul tuning that follows it, warm score
+(median of --warm); then a second visit (the choices kept): load and warm score. Natively,
 `tally serve --backend wgpu` (Vulkan: lavapipe on a machine without a GPU) answers the same
 request over HTTP: first and warm, with autotune's matmuls (the default) and with the page's
 register-block matmul (`--matmul block`). Also the wasm module's size, raw and gzip. Writes one JSON
@@ -45,16 +46,39 @@ def requests(dist):
     return out
 
 
-def page_timings(page, url, request, warm):
+def page_timings(devtools, base, url, request, warm):
+    """First visit: load, first score, the background matmul tuning that follows it, warm scores.
+    Second visit (a new page, the choices kept): load and a warm score."""
+    page = browser.Page(devtools, f"{base}/web/index.html")
+    page.evaluate("localStorage.clear()")  # a first visit: no choices kept from another model's run
     started = time.time()
     page.evaluate(f"tally.load({json.dumps(url)})")
     load_s = time.time() - started
+    started = time.time()
+    page.evaluate(f"tally.score({json.dumps(request)})")
+    first_s = time.time() - started
+    started = time.time()
+    tuned = page.evaluate("tally.tuned()")
+    tune_s = time.time() - started
     times = []
-    for _ in range(1 + warm):
+    for _ in range(warm):
         started = time.time()
         page.evaluate(f"tally.score({json.dumps(request)})")
         times.append(time.time() - started)
-    return {"load_s": load_s, "first_score_s": times[0], "warm_score_s": statistics.median(times[1:])}
+    adapter = page.evaluate("navigator.gpu.requestAdapter().then(a => `${a.info.vendor} ${a.info.architecture}`)")
+    second = browser.Page(devtools, f"{base}/web/index.html")
+    started = time.time()
+    info = second.evaluate(f"tally.load({json.dumps(url)})")
+    second_load_s = time.time() - started
+    second.evaluate(f"tally.score({json.dumps(request)})")
+    started = time.time()
+    second.evaluate(f"tally.score({json.dumps(request)})")
+    second_warm_s = time.time() - started
+    choices = {t["shape"]: {"chosen": t["chosen"], "ms": {c["kernel"]: c["millis"] for c in t["candidates"] if c["verdict"] == "right"},
+                            "not_right": {c["kernel"]: c["verdict"] for c in t["candidates"] if c["verdict"] != "right"}} for t in tuned["tuned"]}
+    return adapter, {"load_s": load_s, "first_score_s": first_s, "matmul_tuning_s": tune_s, "warm_score_s": statistics.median(times),
+                     "second_visit": {"load_s": second_load_s, "choices_kept": info.get("matmul_choices_restored"), "warm_score_s": second_warm_s},
+                     "matmul_choices": choices}
 
 
 def native_timings(binary, model, request, warm, matmul):
@@ -112,10 +136,8 @@ def main():
     server, base = browser.start_tally(args.tally, dist)
     devtools = browser.DevTools(args.chromium)
     try:
-        page = browser.Page(devtools, f"{base}/web/index.html")
         for name, url, native_model, request in requests(dist):
-            in_page = page_timings(page, url, request, args.warm)
-            result["adapter"] = page.evaluate("tally.info() && navigator.gpu.requestAdapter().then(a => `${a.info.vendor} ${a.info.architecture}`)")
+            result["adapter"], in_page = page_timings(devtools, base, url, request, args.warm)
             # Natively with autotune's matmuls (the default) and with the page's (`--matmul block`).
             native = native_timings(args.tally, native_model, request, args.warm, "cubecl")
             native_block = native_timings(args.tally, native_model, request, args.warm, "block")

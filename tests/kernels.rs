@@ -424,14 +424,15 @@ fn block_matmuls_match_a_float64_product_at_every_block_edge() {
     check_matmuls(&[([1, 37, 576, 200], false), ([1, 37, 48, 1000], true), ([1, 9, 8, 17], false), ([2, 28, 24, 70], true)], false);
 }
 
-/// The page's checked matmul choice: among candidates that include one writing zeros and one
-/// leaving a term out of every sum (an error of ~1/576 of the sum of the products' magnitudes),
+/// The page's checked matmul choice: among candidates that include one writing zeros, one
+/// writing nothing (handing back pooled memory, after a right candidate) and one leaving a term
+/// out of every sum (an error of ~1/576 of the sum of the products' magnitudes),
 /// only the right ones are timed and the chosen one is the fastest of them. Then the real
 /// candidates are tuned on SmolLM2's projection and head shapes, and every kernel found right,
 /// forced through `ScoringBackend::matmul` on the block route, matches a float64 product at rows
 /// inside the class; the chosen one serves the class.
 fn checked_matmul_choice_keeps_only_right_candidates() {
-    use burn_cubecl::ops::numeric::zeros_client;
+    use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
     use burn_cubecl::tensor::CubeTensor;
     use tally_shaders::matmul_choice::{ClassDtype, MatmulShape};
     use tally_shaders::matmul_tuning::{time_checked, tune_matmul, Candidate, Outcome};
@@ -456,11 +457,17 @@ fn checked_matmul_choice_keeps_only_right_candidates() {
         let narrowed = |t: &CubeTensor<GpuRuntime>, dim| cube(Tensor::<Gpu, 2>::from_primitive(TensorPrimitive::Float(t.clone())).narrow(dim, 0, inner));
         block_matmul(&narrowed(lhs, 1), &narrowed(rhs, 0), RegisterBlock { rows: 4, columns: 4 })
     };
-    let candidates: Vec<Candidate<GpuRuntime>> = vec![("zeros".into(), &zeros), ("block-8x8".into(), &block), ("last term left out".into(), &last_term_left_out)];
+    // Hands back memory from the pool unwritten: after a right candidate, where its product may lie.
+    let writes_nothing = |lhs: &CubeTensor<GpuRuntime>, rhs: &CubeTensor<GpuRuntime>| {
+        let shape = [lhs.meta.shape()[0], rhs.meta.shape()[1]];
+        Some(empty_device_contiguous_dtype(lhs.client.clone(), lhs.device.clone(), shape.into(), lhs.dtype))
+    };
+    let candidates: Vec<Candidate<GpuRuntime>> =
+        vec![("zeros".into(), &zeros), ("block-8x8".into(), &block), ("writes nothing".into(), &writes_nothing), ("last term left out".into(), &last_term_left_out)];
     let qkv = MatmulShape { rows: 16, inner: 576, columns: 960, rhs_transposed: false, dtype: ClassDtype::F32 };
     let trial = futures_lite::future::block_on(time_checked::<GpuRuntime>(&device, qkv, &candidates));
     let outcomes: Vec<&Outcome> = trial.trials.iter().map(|t| &t.outcome).collect();
-    assert!(matches!(outcomes[..], [Outcome::Wrong { .. }, Outcome::Right { .. }, Outcome::Wrong { .. }]), "{outcomes:?}");
+    assert!(matches!(outcomes[..], [Outcome::Wrong { .. }, Outcome::Right { .. }, Outcome::Wrong { .. }, Outcome::Wrong { .. }]), "{outcomes:?}");
     assert_eq!(trial.chosen, Some(1));
 
     let head = MatmulShape { rows: 64, inner: 576, columns: 1000, rhs_transposed: true, dtype: ClassDtype::F32 };

@@ -10,6 +10,7 @@
 
 use burn_backend::ops::FloatTensorOps;
 use burn_backend::{DType, TensorData};
+use burn_cubecl::cubecl::client::ComputeClient;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 use web_time::Instant;
@@ -83,12 +84,17 @@ pub async fn tune_matmul<R: CubeRuntime>(device: &R::Device, shape: MatmulShape)
 
 /// Every candidate on seeded operands of `shape`: checked against the float64 product, then
 /// timed if right. Chooses nothing by itself ([`tune_matmul`] does).
+///
+/// Each candidate gets operands of its own seed: a candidate that writes nothing then cannot
+/// pass by handing back memory where an earlier candidate left the right product (the pool
+/// reuses freed buffers), and a launch that fails to run (WebGPU reports it at the next sync) is
+/// caught before its output is read.
 pub async fn time_checked<R: CubeRuntime>(device: &R::Device, shape: MatmulShape, candidates: &[Candidate<'_, R>]) -> ShapeTrial {
-    let operands = Operands::<R>::new(device, shape);
     let client = R::client(device);
     let mut trials = Vec::with_capacity(candidates.len());
     let mut fastest: Option<(usize, f64)> = None;
     for (index, (name, multiply)) in candidates.iter().enumerate() {
+        let operands = Operands::<R>::new(device, shape, index as u64 + 1);
         let outcome = trial(&client, &operands, multiply, fastest.map(|(_, millis)| millis)).await;
         if let Outcome::Right { millis, .. } = outcome {
             if fastest.is_none_or(|(_, best)| millis < best) {
@@ -103,39 +109,56 @@ pub async fn time_checked<R: CubeRuntime>(device: &R::Device, shape: MatmulShape
 type Multiply<'a, R> = &'a dyn Fn(&CubeTensor<R>, &CubeTensor<R>) -> Option<CubeTensor<R>>;
 
 /// One candidate: its first product (compiling it) checked, then timed unless far behind.
-async fn trial<R: CubeRuntime>(client: &burn_cubecl::cubecl::client::ComputeClient<R>, operands: &Operands<R>, multiply: Multiply<'_, R>, fastest: Option<f64>) -> Outcome {
-    let Some(product) = multiply(&operands.lhs, &operands.rhs) else {
-        return Outcome::Declined;
+async fn trial<R: CubeRuntime>(client: &ComputeClient<R>, operands: &Operands<R>, multiply: Multiply<'_, R>, fastest: Option<f64>) -> Outcome {
+    let max_error = match check(client, operands, multiply).await {
+        Ok(max_error) => max_error,
+        Err(outcome) => return outcome,
     };
-    let product = match CubeBackend::<R, f32, i32, u32>::float_into_data(product).await {
-        Ok(data) => data,
-        Err(error) => return Outcome::Failed(error.to_string()),
-    };
-    let max_error = operands.max_error(product);
-    if !(max_error <= tolerance(operands.dtype)) {
-        return Outcome::Wrong { max_error };
-    }
-    let Some(single) = time_products(client, operands, multiply, 1).await else {
-        return Outcome::Failed("the GPU failed while timing".into());
+    let single = match time_products(client, operands, multiply, 1).await {
+        Ok(millis) => millis,
+        Err(failure) => return Outcome::Failed(failure),
     };
     if fastest.is_some_and(|best| single > FAR_BEHIND * best) {
         return Outcome::Right { millis: single, max_error };
     }
-    let Some(several) = time_products(client, operands, multiply, TIMED_RUNS).await else {
-        return Outcome::Failed("the GPU failed while timing".into());
-    };
-    Outcome::Right { millis: single.min(several), max_error }
+    match time_products(client, operands, multiply, TIMED_RUNS).await {
+        Ok(several) => Outcome::Right { millis: single.min(several), max_error },
+        Err(failure) => Outcome::Failed(failure),
+    }
+}
+
+/// The largest error of one product against the float64 one, or why there is none to time.
+async fn check<R: CubeRuntime>(client: &ComputeClient<R>, operands: &Operands<R>, multiply: Multiply<'_, R>) -> Result<f64, Outcome> {
+    let product = multiply(&operands.lhs, &operands.rhs).ok_or(Outcome::Declined)?;
+    client.sync().await.map_err(|error| Outcome::Failed(format!("the GPU failed running it: {error:?}")))?;
+    let product = CubeBackend::<R, f32, i32, u32>::float_into_data(product).await.map_err(|error| Outcome::Failed(error.to_string()))?;
+    let max_error = operands.max_error(product);
+    if max_error <= tolerance(operands.dtype) {
+        Ok(max_error)
+    } else {
+        Err(Outcome::Wrong { max_error })
+    }
+}
+
+/// Checks `kernel` on `shape`, untimed (a choice kept from an earlier visit), and uses it for
+/// the class if it is right: its largest error, or why it is not used.
+pub async fn check_matmul_choice<R: CubeRuntime>(device: &R::Device, shape: MatmulShape, kernel: MatmulKernel) -> Result<f64, Outcome> {
+    let operands = Operands::<R>::new(device, shape, 0);
+    let max_error = check(&R::client(device), &operands, &|lhs, rhs| kernel.launch(lhs, rhs)).await?;
+    set_matmul_choice(shape, kernel);
+    Ok(max_error)
 }
 
 /// Milliseconds per product over `runs` back-to-back products, from an idle queue to an idle queue.
-async fn time_products<R: CubeRuntime>(client: &burn_cubecl::cubecl::client::ComputeClient<R>, operands: &Operands<R>, multiply: Multiply<'_, R>, runs: usize) -> Option<f64> {
-    client.sync().await.ok()?;
+async fn time_products<R: CubeRuntime>(client: &ComputeClient<R>, operands: &Operands<R>, multiply: Multiply<'_, R>, runs: usize) -> Result<f64, String> {
+    let failed = |error| format!("the GPU failed while timing: {error:?}");
+    client.sync().await.map_err(failed)?;
     let started = Instant::now();
     for _ in 0..runs {
-        multiply(&operands.lhs, &operands.rhs)?;
+        multiply(&operands.lhs, &operands.rhs).ok_or("declined a launch it took before")?;
     }
-    client.sync().await.ok()?;
-    Some(started.elapsed().as_secs_f64() * 1e3 / runs as f64)
+    client.sync().await.map_err(failed)?;
+    Ok(started.elapsed().as_secs_f64() * 1e3 / runs as f64)
 }
 
 /// Seeded operands of a class's shape on the device, their host values (after rounding to the
@@ -153,7 +176,7 @@ struct Operands<R: CubeRuntime> {
 }
 
 impl<R: CubeRuntime> Operands<R> {
-    fn new(device: &R::Device, shape: MatmulShape) -> Self {
+    fn new(device: &R::Device, shape: MatmulShape, seed: u64) -> Self {
         let MatmulShape { rows, inner, columns, rhs_transposed, .. } = shape;
         let dtype = shape.dtype.dtype();
         let upload = |values: Vec<f32>, dims: [usize; 2]| {
@@ -161,13 +184,13 @@ impl<R: CubeRuntime> Operands<R> {
             let rounded = data.clone().convert_dtype(DType::F32).to_vec::<f32>().expect("float32 values");
             (CubeBackend::<R, f32, i32, u32>::float_from_data(data, device), rounded)
         };
-        let (lhs, lhs_values) = upload(seeded_values(1, rows * inner), [rows, inner]);
+        let (lhs, lhs_values) = upload(seeded_values(2 * seed, rows * inner), [rows, inner]);
         let (rhs, rhs_values) = if rhs_transposed {
-            let (stored, values) = upload(seeded_values(2, columns * inner), [columns, inner]);
+            let (stored, values) = upload(seeded_values(2 * seed + 1, columns * inner), [columns, inner]);
             let row_major = (0..inner * columns).map(|i| values[(i % columns) * inner + i / columns]).collect();
             (CubeBackend::<R, f32, i32, u32>::float_transpose(stored), row_major)
         } else {
-            upload(seeded_values(2, inner * columns), [inner, columns])
+            upload(seeded_values(2 * seed + 1, inner * columns), [inner, columns])
         };
         Operands { lhs, rhs, lhs_values, rhs_values, rows, inner, columns, dtype }
     }

@@ -7,8 +7,10 @@ model and `tally.score` on the float64 reference cases, with tally's kernels and
 every probability within 1e-3 relative (plus a 1e-9 floor) of the reference, and the load-time
 kernel check passed. Then checks bad input gets clear errors and drives the page's own form on
 its default model (SmolLM2-135M where web/build.sh included it) with the server comparison on:
-bars drawn, page == server == the float64 reference, kernels and plain path. Keeps a screenshot
-of the page; timings go to --json.
+bars drawn, page == server == the float64 reference, kernels and plain path. Then the matmul
+kernels tuned after those scores: each chosen one checked right, and each forced on every matmul
+against the reference; and a second visit that keeps the choices. Keeps a screenshot of the
+page; timings go to --json.
 
 usage: tests/browser/run.py --tally target/release/tally [--dist web/dist] [--chromium chromium]
                             [--screenshot out.png] [--json out.json]
@@ -159,12 +161,18 @@ def reference_cases(dist):
     return by_model
 
 
+def smollm2_case():
+    """The float64 reference's `capitals` case on SmolLM2: (request, expected scores)."""
+    case = json.loads((ROOT / "tests" / "fixtures" / "smollm2.json").read_text())["cases"][0]
+    return case["request"], case["expected_scores"]
+
+
 def smollm2_expected():
     """The page's default request on SmolLM2 (items France and Italy, labels Paris and Rome):
     that corner of the float64 reference's `capitals` case."""
-    case = json.loads((ROOT / "tests" / "fixtures" / "smollm2.json").read_text())["cases"][0]
-    assert case["request"]["label_token_ids"][:2] == [7042, 7268] and case["request"]["items"][:2] == [" France is", " Italy is"]
-    return [row[:2] for row in case["expected_scores"][:2]]
+    request, expected = smollm2_case()
+    assert request["label_token_ids"][:2] == [7042, 7268] and request["items"][:2] == [" France is", " Italy is"]
+    return [row[:2] for row in expected[:2]]
 
 
 def free_port():
@@ -217,7 +225,9 @@ def check_models(page, dist, failures, report):
                 print(f"{'ok  ' if ok else 'FAIL'} {name} ({path}, {seconds:.1f} s)", flush=True)
                 if not ok:
                     failures.append(f"{name} ({path}): {response['scores']} != {expected}")
-            # The first case once more: the warm time, every kernel compiled.
+            # The first case once more: the warm time, every kernel compiled (and the matmul
+            # tuning the scores started done: it would run first).
+            page.evaluate("tally.tuned()")
             started = time.time()
             page.evaluate(f"tally.score({json.dumps(cases[0][1])})")
             timing[f"first_score_s_{path}"] = next(c["seconds"] for c in report["cases"] if c["case"] == cases[0][0] and c["path"] == path)
@@ -259,6 +269,62 @@ def check_labels_as_text(page, smollm2, failures):
         if "exactly one token" not in str(error):
             failures.append(f"labels as text: unclear error {error}")
     print(f"{'ok  ' if len(failures) == failed_before else 'FAIL'} labels as text: {words} -> {got}", flush=True)
+
+
+def check_matmul_choices(page, dist, failures, report):
+    """The checked matmul choice: once the scores so far have been followed by their tuning,
+    every shape class met has a choice, each tuned class chose a candidate found right against
+    the float64 product, and the page's model scores the reference case within tolerance with
+    every chosen kernel forced on every class (and the register block every class starts on)."""
+    tuned = page.evaluate("tally.tuned()")
+    report["matmul"] = tuned
+    failed_before = len(failures)
+    if tuned["untuned"]:
+        failures.append(f"matmul choice: classes met but never tuned: {tuned['untuned']}")
+    if not tuned["choices"]:
+        failures.append("matmul choice: nothing was tuned after the scores")
+    for trial in tuned["tuned"]:
+        verdicts = {c["kernel"]: c["verdict"] for c in trial["candidates"]}
+        if trial["chosen"] is None or verdicts.get(trial["chosen"]) != "right":
+            failures.append(f"matmul choice: {trial['shape']} chose {trial['chosen']} ({verdicts})")
+        print(f"  {trial['shape']} -> {trial['chosen']} ({', '.join(f'{k} {v}' for k, v in verdicts.items() if v != 'right')} not right)", flush=True)
+    smollm2 = (dist / "models" / SMOLLM2).is_file()
+    if smollm2:
+        request, expected = smollm2_case()
+    else:
+        request, expected = next((r, e) for name, r, e in reference_cases(dist)[model_source(dist, "wide-vocab")] if name == "wide_vocab_text")
+    page.evaluate("tally.setKernels(true)")
+    for kernel in sorted(set(tuned["choices"].values()) | {"block-8x8"}):
+        page.evaluate(f"tally.forceMatmul({json.dumps(kernel)})")
+        response = page.evaluate(f"tally.score({json.dumps(request)})")
+        ok = close_enough(response["scores"], expected)
+        print(f"{'ok  ' if ok else 'FAIL'} every matmul on {kernel}", flush=True)
+        if not ok:
+            failures.append(f"matmul {kernel} forced: {response['scores']} != {expected}")
+    page.evaluate("tally.forceMatmul(null)")
+    print(f"{'ok  ' if len(failures) == failed_before else 'FAIL'} matmul choice: {len(tuned['choices'])} classes chosen", flush=True)
+
+
+def check_second_visit(devtools, base, dist, failures, report):
+    """A second visit (a new page of the same origin): after the page's default request, every
+    class it met takes the choice the first visit kept, checked again (untimed) — none is tuned
+    anew — and the scores still match."""
+    page = Page(devtools, f"{base}/web/index.html")
+    failed_before = len(failures)
+    started = time.time()
+    info = page.evaluate("page.load(document.getElementById('model-url').value)")
+    report["second_visit"] = {"load_s": time.time() - started, "load_phases_s": info.get("load_seconds")}
+    page.evaluate("page.score()")
+    after = page.evaluate("tally.tuned()")
+    report["second_visit"]["restored"] = after["restored"]
+    kept = [r for r in after["restored"] if r["verdict"] == "right"]
+    if not kept or len(kept) != len(after["restored"]) or after["tuned"] or after["untuned"]:
+        failures.append(f"second visit: kept choices {after['restored']}, tuned anew {[t['shape'] for t in after['tuned']]}, untuned {after['untuned']}")
+    page.evaluate("page.score()")
+    scores = json.loads(page.evaluate("JSON.stringify(window.lastScores)"))
+    if (dist / "models" / SMOLLM2).is_file() and not close_enough(scores["page"]["scores"], smollm2_expected()):
+        failures.append(f"second visit: SmolLM2 {scores['page']['scores']} != reference {smollm2_expected()}")
+    print(f"{'ok  ' if len(failures) == failed_before else 'FAIL'} second visit: {len(kept)} kept matmul choices checked again and used", flush=True)
 
 
 def check_page_form(page, dist, failures, report, screenshot):
@@ -323,7 +389,9 @@ def main():
         check_models(page, dist, failures, report)
         check_bad_input(page, failures)
         check_page_form(page, dist, failures, report, args.screenshot)
+        check_matmul_choices(page, dist, failures, report)
         report["console"] = page.console()
+        check_second_visit(devtools, base, dist, failures, report)
     finally:
         devtools.close()
         server.kill()

@@ -1,10 +1,13 @@
 // tally in the browser: `await tally.load(source)` then `await tally.score(request)`, where the
 // request and the response are those of the server's /v1/score. An ES module; it also sets
 // `window.tally` for pages that do not use modules.
-import init, { Model, logGpuWork } from './pkg/tally_web.js';
+import init, { Model, logGpuWork, untunedMatmuls, tuneMatmul, matmulChoices, restoreMatmulChoice, forceMatmul as forceMatmulKernel } from './pkg/tally_web.js';
 
 let wasmReady = null;
 let model = null;
+// The matmul kernel of each shape class on this adapter (see `matmulReport`): chosen by checked
+// timings after the scores that meet a class, kept in localStorage under `choicesKey`.
+const matmul = { choicesKey: null, restored: [], tuned: [], tuning: null, listeners: [] };
 // The model scores one request at a time; calls made meanwhile wait their turn.
 let turn = Promise.resolve();
 
@@ -135,12 +138,64 @@ export async function load(source, { onProgress, kernels = true, logGpu = false 
       loaded.free();
       throw error;
     }
-    seconds.check = (performance.now() - started) / 1000;
     model?.free();
     model = loaded;
     // Kernels that failed the load-time check against plain Burn ops never serve.
-    model.setKernels(kernels && model.info().kernel_check.passed);
+    const checked = model.info().kernel_check.passed;
+    model.setKernels(kernels && checked);
+    seconds.check = (performance.now() - started) / 1000;
+    matmul.choicesKey = `tally-matmul-choices:${adapterName(adapter)}`;
     return { ...model.info(), adapter: adapterName(adapter), load_seconds: seconds };
+  });
+}
+
+// The choices kept on this adapter by earlier visits (and this one).
+function storedChoices() {
+  try {
+    return JSON.parse(localStorage.getItem(matmul.choicesKey) ?? '{}') ?? {};
+  } catch {
+    return {}; // storage disabled or a corrupt entry: tune afresh
+  }
+}
+
+function storeChoices() {
+  try {
+    localStorage.setItem(matmul.choicesKey, JSON.stringify({ ...storedChoices(), ...matmulChoices() }));
+  } catch {
+    // Storage disabled: the choices last as long as the page.
+  }
+}
+
+// After a score: for each shape class it met without a choice, the choice an earlier visit kept
+// for it, checked again (untimed) — or, with none or one that is wrong now, a tuning: every
+// candidate checked, the right ones timed. One class per turn, so that a score asked for
+// meanwhile goes first. A class no candidate multiplies right turns tally's kernels off (plain
+// Burn ops serve).
+function tuneInBackground() {
+  const trusted = () => model?.info().kernel_check.passed;
+  if (matmul.tuning || !trusted()) return;
+  matmul.tuning = (async () => {
+    for (;;) {
+      const [shape] = untunedMatmuls();
+      if (!shape || !trusted()) return;
+      const kept = storedChoices()[shape];
+      if (kept !== undefined) {
+        const check = await serialized(() => restoreMatmulChoice(shape, String(kept)).catch((error) => ({ kernel: kept, verdict: 'failed', message: error.message })));
+        matmul.restored.push({ shape, ...check });
+        matmul.listeners.forEach((listener) => listener());
+        if (check.verdict === 'right') continue;
+      }
+      const report = await serialized(() => tuneMatmul(shape));
+      matmul.tuned.push(report);
+      storeChoices();
+      if (!report.chosen) {
+        await serialized(async () => model.setKernels(false));
+        console.warn(`tally: no matmul kernel multiplies ${shape} right on this adapter; plain Burn ops serve`);
+      }
+      matmul.listeners.forEach((listener) => listener());
+    }
+  })().finally(() => {
+    matmul.tuning = null;
   });
 }
 
@@ -153,10 +208,42 @@ export function labelIds(labels) {
   return serialized(async () => Array.from(model.labelIds(labels)));
 }
 
-/** Scores a /v1/score request object; resolves with the server's response object. */
-export function score(request) {
-  if (!model) return Promise.reject(new Error('no model is loaded: call tally.load(source) first'));
-  return serialized(() => model.score(request));
+/**
+ * Scores a /v1/score request object; resolves with the server's response object. Shape classes
+ * the score met without a matmul choice are tuned afterwards, in the background (`tuned()`).
+ */
+export async function score(request) {
+  if (!model) throw new Error('no model is loaded: call tally.load(source) first');
+  const response = await serialized(() => model.score(request));
+  tuneInBackground();
+  return response;
+}
+
+/**
+ * The matmul kernels on this adapter: `choices` ({shape class: kernel}), `tuned` (each class
+ * tuned on this page: every candidate's verdict — right, wrong, declined, failed — its error
+ * against a float64 product and its time), `restored` (choices kept by an earlier visit, checked
+ * again when a score met their class) and `untuned` (classes met, not tuned yet).
+ */
+export function matmulReport() {
+  return { choices: matmulChoices(), tuned: matmul.tuned, restored: matmul.restored, untuned: untunedMatmuls() };
+}
+
+/** Resolves with `matmulReport()` once the background tuning has nothing left to do. */
+export async function tuned() {
+  tuneInBackground();
+  while (matmul.tuning) await matmul.tuning;
+  return matmulReport();
+}
+
+/** Calls `listener()` after each shape class is tuned or has its kept choice checked (see `matmulReport`). */
+export function onTuned(listener) {
+  matmul.listeners.push(listener);
+}
+
+/** Multiplies every shape class with one kernel (a name from `matmulReport`), or with the choices again (null). For tests. */
+export function forceMatmul(kernel) {
+  return serialized(async () => forceMatmulKernel(kernel ?? undefined));
 }
 
 /** Runs the hot paths with tally's kernels (true; refused if they failed the load-time check) or plain Burn ops (false). */
@@ -174,4 +261,4 @@ function adapterName(adapter) {
   return [i.vendor, i.architecture, i.device, i.description].filter(Boolean).join(' ') || 'unknown adapter';
 }
 
-if (typeof window !== 'undefined') window.tally = { load, score, labelIds, setKernels, info };
+if (typeof window !== 'undefined') window.tally = { load, score, labelIds, setKernels, info, matmulReport, tuned, onTuned, forceMatmul };

@@ -20,6 +20,7 @@ use tally_model::{FileData, OpenedModel, RangedBytes};
 use wasm_bindgen::prelude::*;
 
 mod kernel_check;
+mod matmul_choice;
 use kernel_check::{check_kernels, use_kernels, KernelCheck};
 
 /// Burn's CubeCL backend on WebGPU, built without autotune and without fusion (see the
@@ -53,7 +54,7 @@ pub fn log_gpu_work() {
 
 /// Sets up WebGPU once per page. Exclusive memory pages, as heavy Burn-on-web apps use: WebGPU
 /// buffers cannot be sliced as freely as native ones.
-async fn device() -> Result<WgpuDevice, JsError> {
+pub(crate) async fn device() -> Result<WgpuDevice, JsError> {
     let device = WgpuDevice::default();
     if !DEVICE_READY.get() {
         if LOG_GPU_WORK.get() {

@@ -10,8 +10,27 @@ function showError(error) {
   document.body.dataset.state = error ? 'error' : document.body.dataset.state;
 }
 
+// The matmul kernel chosen per shape class on this adapter, and each candidate's time.
+function showMatmul() {
+  const report = tally.matmulReport();
+  // Tuning turns the kernels off where no candidate multiplies a class right.
+  $('kernels').checked = tally.info()?.kernels ?? $('kernels').checked;
+  const classes = Object.entries(report.choices);
+  const kept = report.restored.filter((r) => r.verdict === 'right').length;
+  $('matmul').hidden = classes.length === 0 && report.untuned.length === 0;
+  $('matmul-summary').textContent = `matmul kernels: ${classes.length} shape classes chosen on this adapter ` +
+    `(${kept} kept from an earlier visit and checked again, ${report.tuned.length} tuned now)` +
+    (report.untuned.length ? `; tuning ${report.untuned.length} more…` : '');
+  const timings = new Map(report.tuned.map((t) => [t.shape, t.candidates]));
+  $('matmul-classes').replaceChildren(...classes.map(([shape, kernel]) => {
+    const candidates = (timings.get(shape) ?? []).map((c) => `${c.kernel} ${c.verdict === 'right' ? `${c.millis.toFixed(1)} ms` : c.verdict}`);
+    return Object.assign(document.createElement('li'), { textContent: `${shape} → ${kernel}${candidates.length ? ` (${candidates.join(', ')})` : ''}` });
+  }));
+}
+tally.onTuned(showMatmul);
+
 // What the page says during each phase of tally.load.
-const PHASES = { download: 'downloading the model', upload: 'uploading weights to the GPU', check: "checking tally's kernels on this adapter" };
+const PHASES = { download: 'downloading the model', upload: 'uploading weights to the GPU', check: "checking tally's kernels (and kept matmul choices) on this adapter" };
 
 async function load(source) {
   showError(null);
@@ -43,6 +62,7 @@ async function load(source) {
     $('kernel-check').className = info.kernel_check.passed ? '' : 'warning';
     $('kernels').checked = info.kernels;
     $('kernels').disabled = !info.kernel_check.passed;
+    showMatmul();
     document.body.dataset.state = 'loaded';
     $('score').disabled = false;
     return info;
@@ -126,6 +146,7 @@ async function score() {
     $('timings').textContent = timings;
     draw(body, page, server);
     window.lastScores = { page, server };
+    showMatmul();
     document.body.dataset.state = 'scored';
     return page;
   } catch (error) {
