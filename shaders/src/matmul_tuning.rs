@@ -48,7 +48,8 @@ pub enum Outcome {
     Wrong { max_error: f64 },
     /// Its product could not be read back.
     Failed(String),
-    /// Right, taking `millis` per product (the fastest of its timed runs).
+    /// Right, taking `millis` per product: the fastest of its timed runs, or for a candidate
+    /// far behind the fastest, the one run that showed it (its compilation included).
     Right { millis: f64, max_error: f64 },
 }
 
@@ -75,50 +76,94 @@ pub type Candidate<'a, R> = (String, &'a dyn Fn(&CubeTensor<R>, &CubeTensor<R>) 
 /// the class from now on. With none right the class keeps the default kernel and the trial says
 /// so: the caller should stop trusting the kernels on this adapter.
 pub async fn tune_matmul<R: CubeRuntime>(device: &R::Device, shape: MatmulShape) -> ShapeTrial {
-    let launches: Vec<_> = MatmulKernel::CANDIDATES.iter().map(|&kernel| move |lhs: &CubeTensor<R>, rhs: &CubeTensor<R>| kernel.launch(lhs, rhs)).collect();
-    let candidates: Vec<Candidate<R>> = MatmulKernel::CANDIDATES.iter().zip(&launches).map(|(kernel, launch)| (kernel.to_string(), launch as _)).collect();
-    let trial = time_checked(device, shape, &candidates).await;
-    set_matmul_choice(shape, trial.chosen.map_or(MatmulKernel::DEFAULT, |index| MatmulKernel::CANDIDATES[index]));
-    trial
+    let mut tuning = ClassTuning::new(shape);
+    while tuning.try_next_kernel::<R>(device).await {}
+    tuning.choose()
 }
 
 /// Every candidate on seeded operands of `shape`: checked against the float64 product, then
 /// timed if right. Chooses nothing by itself ([`tune_matmul`] does).
+pub async fn time_checked<R: CubeRuntime>(device: &R::Device, shape: MatmulShape, candidates: &[Candidate<'_, R>]) -> ShapeTrial {
+    let mut tuning = ClassTuning::new(shape);
+    for (name, multiply) in candidates {
+        tuning.try_candidate(device, name, *multiply).await;
+    }
+    tuning.trial()
+}
+
+/// The tuning of one class, a candidate at a time: the browser page lets a score go between two
+/// (a slow candidate on a software adapter takes seconds).
 ///
 /// Each candidate gets operands of its own seed: a candidate that writes nothing then cannot
 /// pass by handing back memory where an earlier candidate left the right product (the pool
 /// reuses freed buffers), and a launch that fails to run (WebGPU reports it at the next sync) is
 /// caught before its output is read.
-pub async fn time_checked<R: CubeRuntime>(device: &R::Device, shape: MatmulShape, candidates: &[Candidate<'_, R>]) -> ShapeTrial {
-    let client = R::client(device);
-    let mut trials = Vec::with_capacity(candidates.len());
-    let mut fastest: Option<(usize, f64)> = None;
-    for (index, (name, multiply)) in candidates.iter().enumerate() {
-        let operands = Operands::<R>::new(device, shape, index as u64 + 1);
-        let outcome = trial(&client, &operands, multiply, fastest.map(|(_, millis)| millis)).await;
+pub struct ClassTuning {
+    shape: MatmulShape,
+    trials: Vec<CandidateTrial>,
+    fastest: Option<(usize, f64)>,
+}
+
+impl ClassTuning {
+    pub fn new(shape: MatmulShape) -> Self {
+        ClassTuning { shape, trials: Vec::new(), fastest: None }
+    }
+
+    /// Tries the next of [`MatmulKernel::CANDIDATES`]; `false` once all have been tried.
+    pub async fn try_next_kernel<R: CubeRuntime>(&mut self, device: &R::Device) -> bool {
+        let Some(&kernel) = MatmulKernel::CANDIDATES.get(self.trials.len()) else {
+            return false;
+        };
+        self.try_candidate::<R>(device, &kernel.to_string(), &|lhs, rhs| kernel.launch(lhs, rhs)).await;
+        true
+    }
+
+    async fn try_candidate<R: CubeRuntime>(&mut self, device: &R::Device, name: &str, multiply: Multiply<'_, R>) {
+        let index = self.trials.len();
+        let operands = Operands::<R>::new(device, self.shape, index as u64 + 1);
+        let outcome = trial(&R::client(device), &operands, multiply, self.fastest.map(|(_, millis)| millis)).await;
         if let Outcome::Right { millis, .. } = outcome {
-            if fastest.is_none_or(|(_, best)| millis < best) {
-                fastest = Some((index, millis));
+            if self.fastest.is_none_or(|(_, best)| millis < best) {
+                self.fastest = Some((index, millis));
             }
         }
-        trials.push(CandidateTrial { name: name.clone(), outcome });
+        self.trials.push(CandidateTrial { name: name.to_string(), outcome });
     }
-    ShapeTrial { shape, trials, chosen: fastest.map(|(index, _)| index) }
+
+    /// The trials so far and the fastest right one.
+    pub fn trial(self) -> ShapeTrial {
+        ShapeTrial { shape: self.shape, trials: self.trials, chosen: self.fastest.map(|(index, _)| index) }
+    }
+
+    /// Uses the fastest right kernel tried for the class from now on (the default if none was
+    /// right: the trial says so).
+    pub fn choose(self) -> ShapeTrial {
+        let trial = self.trial();
+        let kernel = trial.chosen.and_then(|index| trial.trials[index].name.parse().ok());
+        set_matmul_choice(trial.shape, kernel.unwrap_or(MatmulKernel::DEFAULT));
+        trial
+    }
 }
 
 type Multiply<'a, R> = &'a dyn Fn(&CubeTensor<R>, &CubeTensor<R>) -> Option<CubeTensor<R>>;
 
 /// One candidate: its first product (compiling it) checked, then timed unless far behind.
 async fn trial<R: CubeRuntime>(client: &ComputeClient<R>, operands: &Operands<R>, multiply: Multiply<'_, R>, fastest: Option<f64>) -> Outcome {
-    let max_error = match check(client, operands, multiply).await {
-        Ok(max_error) => max_error,
+    let far_behind = |millis: f64| fastest.is_some_and(|best| millis > FAR_BEHIND * best);
+    let Checked { max_error, first_millis } = match check(client, operands, multiply).await {
+        Ok(checked) => checked,
         Err(outcome) => return outcome,
     };
+    // Slower than the fastest even counting its compilation: not worth timing (on a software
+    // adapter such a product takes seconds).
+    if far_behind(first_millis) {
+        return Outcome::Right { millis: first_millis, max_error };
+    }
     let single = match time_products(client, operands, multiply, 1).await {
         Ok(millis) => millis,
         Err(failure) => return Outcome::Failed(failure),
     };
-    if fastest.is_some_and(|best| single > FAR_BEHIND * best) {
+    if far_behind(single) {
         return Outcome::Right { millis: single, max_error };
     }
     match time_products(client, operands, multiply, TIMED_RUNS).await {
@@ -127,14 +172,24 @@ async fn trial<R: CubeRuntime>(client: &ComputeClient<R>, operands: &Operands<R>
     }
 }
 
-/// The largest error of one product against the float64 one, or why there is none to time.
-async fn check<R: CubeRuntime>(client: &ComputeClient<R>, operands: &Operands<R>, multiply: Multiply<'_, R>) -> Result<f64, Outcome> {
+/// A right product: its largest error, and how long it took from launch to an idle queue
+/// (compiling the kernel included).
+struct Checked {
+    max_error: f64,
+    first_millis: f64,
+}
+
+/// One product against the float64 one, or why there is none to time.
+async fn check<R: CubeRuntime>(client: &ComputeClient<R>, operands: &Operands<R>, multiply: Multiply<'_, R>) -> Result<Checked, Outcome> {
+    client.sync().await.map_err(|error| Outcome::Failed(format!("the GPU had failed before: {error:?}")))?;
+    let started = Instant::now();
     let product = multiply(&operands.lhs, &operands.rhs).ok_or(Outcome::Declined)?;
     client.sync().await.map_err(|error| Outcome::Failed(format!("the GPU failed running it: {error:?}")))?;
+    let first_millis = started.elapsed().as_secs_f64() * 1e3;
     let product = CubeBackend::<R, f32, i32, u32>::float_into_data(product).await.map_err(|error| Outcome::Failed(error.to_string()))?;
     let max_error = operands.max_error(product);
     if max_error <= tolerance(operands.dtype) {
-        Ok(max_error)
+        Ok(Checked { max_error, first_millis })
     } else {
         Err(Outcome::Wrong { max_error })
     }
@@ -144,9 +199,9 @@ async fn check<R: CubeRuntime>(client: &ComputeClient<R>, operands: &Operands<R>
 /// the class if it is right: its largest error, or why it is not used.
 pub async fn check_matmul_choice<R: CubeRuntime>(device: &R::Device, shape: MatmulShape, kernel: MatmulKernel) -> Result<f64, Outcome> {
     let operands = Operands::<R>::new(device, shape, 0);
-    let max_error = check(&R::client(device), &operands, &|lhs, rhs| kernel.launch(lhs, rhs)).await?;
+    let checked = check(&R::client(device), &operands, &|lhs, rhs| kernel.launch(lhs, rhs)).await?;
     set_matmul_choice(shape, kernel);
-    Ok(max_error)
+    Ok(checked.max_error)
 }
 
 /// Milliseconds per product over `runs` back-to-back products, from an idle queue to an idle queue.

@@ -1,7 +1,7 @@
 // tally in the browser: `await tally.load(source)` then `await tally.score(request)`, where the
 // request and the response are those of the server's /v1/score. An ES module; it also sets
 // `window.tally` for pages that do not use modules.
-import init, { Model, logGpuWork, untunedMatmuls, tuneMatmul, matmulChoices, restoreMatmulChoice, forceMatmul as forceMatmulKernel } from './pkg/tally_web.js';
+import init, { Model, logGpuWork, untunedMatmuls, MatmulTuning, matmulChoices, restoreMatmulChoice, forceMatmul as forceMatmulKernel } from './pkg/tally_web.js';
 
 let wasmReady = null;
 let model = null;
@@ -168,8 +168,8 @@ function storeChoices() {
 
 // After a score: for each shape class it met without a choice, the choice an earlier visit kept
 // for it, checked again (untimed) — or, with none or one that is wrong now, a tuning: every
-// candidate checked, the right ones timed. One class per turn, so that a score asked for
-// meanwhile goes first. A class no candidate multiplies right turns tally's kernels off (plain
+// candidate checked, the right ones timed. One candidate per turn, so that a score asked for
+// meanwhile goes next. A class no candidate multiplies right turns tally's kernels off (plain
 // Burn ops serve).
 function tuneInBackground() {
   const trusted = () => model?.info().kernel_check.passed;
@@ -185,7 +185,10 @@ function tuneInBackground() {
         matmul.listeners.forEach((listener) => listener());
         if (check.verdict === 'right') continue;
       }
-      const report = await serialized(() => tuneMatmul(shape));
+      const tuning = new MatmulTuning(shape);
+      while (await serialized(() => tuning.step()));
+      const report = tuning.finish();
+      tuning.free();
       matmul.tuned.push(report);
       storeChoices();
       if (!report.chosen) {

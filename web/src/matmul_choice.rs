@@ -1,13 +1,16 @@
 //! The page's matmul choices (`tally_shaders::matmul_choice`): which kernel multiplies each
 //! shape class on this adapter. Scores note the classes they meet; `web/js/tally.js` tunes each
-//! after the score (one class per turn, checked against a float64 product before it is timed),
+//! after the score (one candidate per turn, checked against a float64 product before it is timed),
 //! keeps the choices in `localStorage` per adapter, and on the next visit hands them back here,
 //! where each is checked again (untimed) before it serves.
+
+use std::cell::RefCell;
+use std::rc::Rc;
 
 use burn::backend::wgpu::WgpuRuntime;
 use serde::Serialize;
 use tally_shaders::matmul_choice::{force_matmul, matmul_choices, unchosen_matmul_shapes, MatmulKernel, MatmulShape};
-use tally_shaders::matmul_tuning::{check_matmul_choice, tune_matmul, Outcome, ShapeTrial};
+use tally_shaders::matmul_tuning::{check_matmul_choice, ClassTuning, Outcome, ShapeTrial};
 use wasm_bindgen::prelude::*;
 
 use crate::device;
@@ -57,14 +60,41 @@ pub fn untuned_matmuls() -> Vec<String> {
     unchosen_matmul_shapes().iter().map(ToString::to_string).collect()
 }
 
-/// Times every candidate kernel on one class, each checked first, and uses the fastest right
-/// one for it; resolves with the report.
-#[wasm_bindgen(js_name = tuneMatmul)]
-pub async fn tune_matmul_class(shape: String) -> Result<JsValue, JsError> {
-    let shape: MatmulShape = shape.parse()?;
-    let device = device().await?;
-    let trial = tune_matmul::<WgpuRuntime>(&device, shape).await;
-    Ok(serde_wasm_bindgen::to_value(&TuningReport::from(trial))?)
+/// The tuning of one class, a candidate per `step` (a score may go between two): each candidate
+/// checked against a float64 product, the right ones timed; `finish` uses the fastest right one
+/// for the class and returns the report.
+#[wasm_bindgen]
+pub struct MatmulTuning(Rc<RefCell<Option<ClassTuning>>>);
+
+#[wasm_bindgen]
+impl MatmulTuning {
+    #[wasm_bindgen(constructor)]
+    pub fn new(shape: String) -> Result<MatmulTuning, JsError> {
+        Ok(MatmulTuning(Rc::new(RefCell::new(Some(ClassTuning::new(shape.parse()?))))))
+    }
+
+    /// Tries the next candidate; resolves with whether there was one.
+    pub fn step(&self) -> js_sys::Promise {
+        let cell = Rc::clone(&self.0);
+        wasm_bindgen_futures::future_to_promise(async move {
+            // Out of the cell while it runs, so a second `step` meanwhile is refused, not a panic.
+            let mut tuning = cell.borrow_mut().take().ok_or_else(|| JsError::new("this tuning is already stepping or finished"))?;
+            let device = device().await;
+            let more = match &device {
+                Ok(device) => tuning.try_next_kernel::<WgpuRuntime>(device).await,
+                Err(_) => false,
+            };
+            *cell.borrow_mut() = Some(tuning);
+            device?;
+            Ok(JsValue::from_bool(more))
+        })
+    }
+
+    /// Uses the fastest right candidate for the class and returns the report.
+    pub fn finish(&self) -> Result<JsValue, JsError> {
+        let tuning = self.0.borrow_mut().take().ok_or_else(|| JsError::new("this tuning is stepping or already finished"))?;
+        Ok(serde_wasm_bindgen::to_value(&TuningReport::from(tuning.choose()))?)
+    }
 }
 
 /// `{class: kernel}` for every choice in use.
