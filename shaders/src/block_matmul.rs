@@ -34,7 +34,7 @@ impl RegisterBlock {
     /// What `--matmul block` runs: the fastest of [`Self::CANDIDATES`] on every SmolLM2 shape
     /// measured, on lavapipe (16 and 64 rows) and SwiftShader (16 rows).
     pub const DEFAULT: RegisterBlock = RegisterBlock { rows: 8, columns: 8 };
-    /// The blocks `examples/matmul_candidates.rs` times.
+    /// The blocks a checked timing tries (`MatmulKernel::CANDIDATES`), and so `examples/matmul_candidates.rs`.
     pub const CANDIDATES: [RegisterBlock; 4] = [RegisterBlock { rows: 4, columns: 4 }, RegisterBlock { rows: 8, columns: 4 }, RegisterBlock::DEFAULT, RegisterBlock { rows: 16, columns: 4 }];
 }
 

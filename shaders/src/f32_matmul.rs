@@ -4,15 +4,14 @@
 //! tally's float32 matmuls go through a unit (CUDA-core) tiled matmul instead, whose stages and
 //! registers stay float32. Elsewhere (wgpu, WebGPU) the ordinary matmul is already float32.
 
-use burn_backend::{calculate_matmul_output, DType, TensorMetadata};
+use burn_backend::DType;
 use burn_cubecl::cubecl::{prelude::CubePrimitive, tf32};
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
-use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
-use cubek::matmul::launch::{launch_ref, Strategy};
+use cubek::matmul::launch::Strategy;
 use cubek::matmul::routines::{simple_unit::SimpleUnitSelectionArgs, BlueprintStrategy};
-use cubek::std::InputBinding;
+
+use crate::matmul_choice::launch_cubek;
 
 /// Whether the ordinary matmul of a `dtype` tensor on `client`'s device rounds its operands to
 /// tf32: float32 on a device with tf32.
@@ -24,24 +23,7 @@ pub fn matmul_rounds_to_tf32<R: CubeRuntime>(client: &burn_cubecl::cubecl::clien
 /// product and sum in float32. The output is contiguous.
 pub fn f32_matmul<R: CubeRuntime>(lhs: CubeTensor<R>, rhs: CubeTensor<R>) -> CubeTensor<R> {
     assert!(lhs.dtype == DType::F32 && rhs.dtype == DType::F32, "f32_matmul multiplies float32 tensors");
-    let shape = calculate_matmul_output(&lhs.shape(), &rhs.shape()).expect("matmul operands of matching shapes");
-    let out = empty_device_contiguous_dtype(lhs.client.clone(), lhs.device.clone(), shape, DType::F32);
-    let client = out.client.clone();
-    let launch = |strategy: &Strategy| {
-        let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems { lhs: DType::F32.into(), rhs: DType::F32.into(), out: DType::F32.into() });
-        launch_ref(
-            strategy,
-            &client,
-            InputBinding::new(lhs.clone().binding(), DType::F32.into()),
-            InputBinding::new(rhs.clone().binding(), DType::F32.into()),
-            out.clone().binding(),
-            &mut dtypes,
-        )
-    };
     // The unit matmul declines shapes it has no tiling for; the naive kernel takes any.
     let unit = Strategy::SimpleUnit(BlueprintStrategy::Inferred(SimpleUnitSelectionArgs::default()));
-    if launch(&unit).is_err() {
-        launch(&Strategy::Naive).expect("the naive matmul launches for any float32 shapes");
-    }
-    out
+    launch_cubek(&unit, &lhs, &rhs).or_else(|| launch_cubek(&Strategy::Naive, &lhs, &rhs)).expect("the naive matmul launches for any float32 shapes")
 }

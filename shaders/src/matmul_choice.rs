@@ -136,7 +136,7 @@ impl FromStr for MatmulKernel {
 pub struct UnknownMatmul(pub String);
 
 /// One of cubek's strategies into a fresh contiguous output, or `None` where it declines.
-fn launch_cubek<R: CubeRuntime>(strategy: &Strategy, lhs: &CubeTensor<R>, rhs: &CubeTensor<R>) -> Option<CubeTensor<R>> {
+pub(crate) fn launch_cubek<R: CubeRuntime>(strategy: &Strategy, lhs: &CubeTensor<R>, rhs: &CubeTensor<R>) -> Option<CubeTensor<R>> {
     let dtype = lhs.dtype;
     if rhs.dtype != dtype || !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
         return None;

@@ -69,8 +69,11 @@ pub struct ShapeTrial {
     pub chosen: Option<usize>,
 }
 
-/// A candidate: its name and how it multiplies (`None`: it declines).
-pub type Candidate<'a, R> = (String, &'a dyn Fn(&CubeTensor<R>, &CubeTensor<R>) -> Option<CubeTensor<R>>);
+/// How a candidate multiplies (`None`: it declines).
+pub type Multiply<'a, R> = &'a dyn Fn(&CubeTensor<R>, &CubeTensor<R>) -> Option<CubeTensor<R>>;
+
+/// A candidate: its name and how it multiplies.
+pub type Candidate<'a, R> = (String, Multiply<'a, R>);
 
 /// Times and checks [`MatmulKernel::CANDIDATES`] on `shape` and uses the fastest right one for
 /// the class from now on. With none right the class keeps the default kernel and the trial says
@@ -144,8 +147,6 @@ impl ClassTuning {
         trial
     }
 }
-
-type Multiply<'a, R> = &'a dyn Fn(&CubeTensor<R>, &CubeTensor<R>) -> Option<CubeTensor<R>>;
 
 /// One candidate: its first product (compiling it) checked, then timed unless far behind.
 async fn trial<R: CubeRuntime>(client: &ComputeClient<R>, operands: &Operands<R>, multiply: Multiply<'_, R>, fastest: Option<f64>) -> Outcome {
