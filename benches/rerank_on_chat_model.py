@@ -37,11 +37,11 @@ def main():
     server = subprocess.Popen([args.tally, "serve", "--model", args.model, "--port", "0"], stderr=subprocess.PIPE, text=True)
     try:
         for line in server.stderr:
-            if "listening on http://" in line:
+            if "ready: serving the API on http://" in line:
                 url = line[line.index("http://") :].strip()
                 break
         else:
-            raise SystemExit("tally serve exited before it listened")
+            raise SystemExit("tally serve exited before it was ready")
         documents = [answer for _, answer in PAIRS]
         ranks = []
         for truth, (query, _) in enumerate(PAIRS):

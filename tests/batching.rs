@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use burn::backend::NdArray;
 use tally_core::{ScoreInput, ScoreRequest};
-use tally_engine::{Scorer, ScorerOptions};
+use tally_engine::{PrefixCacheUse, Scored, Scorer, ScorerOptions};
 
 // The probability comparison and fixture paths the `tally` package's end-to-end tests use.
 #[path = "common/fixtures.rs"]
@@ -19,6 +19,11 @@ type Cpu = NdArray<f32>;
 fn scorer(prefix_cache_bytes: usize) -> Scorer<Cpu> {
     let options = ScorerOptions { prefix_cache_bytes, ..ScorerOptions::default() };
     Scorer::load(&fixtures().join("models/tied-gqa"), &Default::default(), options).unwrap()
+}
+
+/// Every request's answer, with how its query was found in the prefix cache.
+fn scored(scorer: &mut Scorer<Cpu>, inputs: &[&ScoreInput]) -> Vec<Scored> {
+    scorer.score_batch_while(inputs, &|_| true).unwrap().into_iter().map(Option::unwrap).collect()
 }
 
 /// A fixture case's request and its float64 reference scores.
@@ -50,10 +55,11 @@ fn prefix_cache_hits_equal_fresh_prefills() {
     let (request, expected) = case("tied_long_query");
     let mut cached = scorer(64 << 20);
     let input = cached.preparer().prepare(&request).unwrap();
-    let miss = cached.score_batch(&[&input]).unwrap();
-    let hit = cached.score_batch(&[&input]).unwrap();
-    assert_eq!(miss, hit);
-    assert_close(&hit[0], &expected, 1e-3, "against float64");
+    let miss = scored(&mut cached, &[&input]).remove(0);
+    let hit = scored(&mut cached, &[&input]).remove(0);
+    assert_eq!((miss.prefix_cache, hit.prefix_cache), (PrefixCacheUse::Miss, PrefixCacheUse::Hit));
+    assert_eq!(miss.scores, hit.scores);
+    assert_close(&hit.scores, &expected, 1e-3, "against float64");
     let stats = cached.stats();
     assert_eq!((stats.prefix_cache_misses.load(Relaxed), stats.prefix_cache_hits.load(Relaxed)), (1, 1));
 
@@ -61,10 +67,11 @@ fn prefix_cache_hits_equal_fresh_prefills() {
     let mut other = input.clone();
     other.query.truncate(1590);
     other.query.extend([3, 1, 4, 1, 5]);
-    let partial = cached.score_batch(&[&other]).unwrap();
+    let partial = scored(&mut cached, &[&other]).remove(0);
+    assert_eq!(partial.prefix_cache, PrefixCacheUse::Partial);
     assert_eq!(stats.prefix_cache_partial_hits.load(Relaxed), 1);
-    let fresh = scorer(0).score_batch(&[&other]).unwrap();
-    assert_eq!(partial, fresh);
+    let fresh = scored(&mut scorer(0), &[&other]).remove(0);
+    assert_eq!((fresh.prefix_cache, &fresh.scores), (PrefixCacheUse::Miss, &partial.scores), "no cache: a miss, the same scores");
 }
 
 /// Concurrent requests' queries are prefilled together (one pass per chunk); each gets what a
@@ -81,11 +88,15 @@ fn a_batchs_cache_misses_are_prefilled_together_and_share_their_common_part() {
     let mut short = long.clone();
     short.query = long.query[..40].iter().rev().copied().collect();
     let inputs = [&long, &shorter, &short, &long];
-    let together = cached.score_batch(&inputs).unwrap();
+    let together = scored(&mut cached, &inputs);
     for (input, got) in inputs.iter().zip(&together) {
         let alone = scorer(0).score_batch(&[input]).unwrap().remove(0);
-        assert_close(got, &alone, 1e-4, "batched against alone");
+        assert_close(&got.scores, &alone, 1e-4, "batched against alone");
     }
+    // `long` repeated is a hit, as a later request would be; `shorter` resumes from nothing
+    // cached before the batch, so it is a miss even though `long` shares its beginning.
+    let uses: Vec<PrefixCacheUse> = together.iter().map(|s| s.prefix_cache).collect();
+    assert_eq!(uses, [PrefixCacheUse::Miss, PrefixCacheUse::Miss, PrefixCacheUse::Miss, PrefixCacheUse::Hit]);
     let stats = cached.stats();
     // `shorter`'s first 1,024 tokens once (the start of `long`'s cacheable 1,536 too), then
     // `long`'s next 512 and its rest, `shorter`'s last 76, `short`.
@@ -139,7 +150,7 @@ fn abandoned_requests_stop_between_passes() {
     let scores = scorer.score_batch_while(&inputs, &wanted).unwrap();
     assert!(asked.get() > 2, "the batch never asked again");
     assert!(scores[1].is_none());
-    assert_close(scores[0].as_ref().unwrap(), &expected, 1e-3, "against float64");
+    assert_close(&scores[0].as_ref().unwrap().scores, &expected, 1e-3, "against float64");
     let stats = scorer.stats();
     assert_eq!(stats.requests_abandoned.load(Relaxed), 1);
     assert_eq!(stats.items_scored.load(Relaxed), expected.len() as u64);

@@ -192,11 +192,12 @@ fn models_health_metrics_and_openapi_answer() {
     let (status, models) = server.get("/v1/models");
     let models: Value = serde_json::from_str(&models).unwrap();
     assert_eq!((status, models["data"][0]["id"].as_str(), models["data"][0]["vocab_size"].as_u64()), (200, Some("tied-gqa"), Some(512)));
-    assert_eq!(server.get("/health").0, 200);
+    assert_eq!(server.get("/health"), (200, r#"{"status":"ok"}"#.to_owned()));
+    assert_eq!(server.get("/live"), (200, r#"{"status":"alive"}"#.to_owned()));
     let (status, spec) = server.get("/openapi.json");
     let spec: Value = serde_json::from_str(&spec).unwrap();
     assert_eq!(status, 200);
-    for path in ["/v1/score", "/score", "/v1/rerank", "/rerank", "/v2/rerank", "/generative_scoring", "/v1/models", "/health", "/metrics"] {
+    for path in ["/v1/score", "/score", "/v1/rerank", "/rerank", "/v2/rerank", "/generative_scoring", "/v1/models", "/health", "/live", "/metrics"] {
         assert!(spec["paths"].get(path).is_some(), "{path} undocumented");
     }
     server.score(&json!({"query": [1], "items": [[2], [3]], "label_token_ids": [4]}));
@@ -207,13 +208,17 @@ fn models_health_metrics_and_openapi_answer() {
         "tally_items_scored_total 2",
         "tally_tokens_scored_total 3",
         "tally_batch_requests_count 1",
-        "tally_queue_depth 0",
+        "tally_requests_waiting 0",
+        "tally_requests_running 0",
+        "tally_ready 1",
         "tally_prefix_cache_misses_total 1",
     ] {
         assert!(metrics.contains(needle), "{needle} not in\n{metrics}");
     }
 }
 
+/// SIGTERM: `/health` turns 503 (`draining`) and new requests are refused while every request
+/// already accepted is answered; `/live` still answers; then the process exits cleanly.
 #[test]
 fn sigterm_drains_every_accepted_request() {
     let server = Server::start("tied-gqa", &["--prefix-cache-mib", "0"]);
@@ -227,11 +232,51 @@ fn sigterm_drains_every_accepted_request() {
         .collect();
     std::thread::sleep(Duration::from_millis(150));
     server.sigterm().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(server.get("/health"), (503, r#"{"status":"draining"}"#.to_owned()));
+    assert_eq!(server.get("/live").0, 200);
+    let (status, refused) = server.post("/v1/score", &request);
+    assert_eq!((status, refused["type"].as_str()), (503, Some("ServiceUnavailableError")), "{refused}");
+    assert!(clients.iter().any(|c| !c.is_finished()), "the drain test needs requests still running after the probes");
     let statuses: Vec<u16> = clients.into_iter().map(|c| c.join().unwrap()).collect();
     assert_eq!(statuses, vec![200; 12]);
     let mut server = server;
     let exit = server.child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
+}
+
+/// `x-tally-prefix-cache` says whether the query was cached; `/metrics` has the endpoint
+/// picker's gauges under tally's names and, with `--metrics-compat`, vLLM's and SGLang's, each
+/// typed `gauge`, the cache's use a fraction of its budget.
+#[test]
+fn prefix_cache_header_and_the_pickers_gauges() {
+    let request = case("tied_long_query")["request"].to_string();
+    let header = |server: &Server| {
+        let response = ureq::post(&format!("{}/v1/score", server.url)).send_string(&request).unwrap();
+        response.header("x-tally-prefix-cache").map(str::to_owned)
+    };
+    let cached = Server::start("tied-gqa", &["--metrics-compat", "vllm", "--metrics-compat", "sglang", "--prefix-cache-mib", "4"]);
+    let usage = |server: &Server| server.metric("tally_prefix_cache_usage");
+    assert_eq!(usage(&cached), 0.0);
+    assert_eq!((header(&cached).as_deref(), header(&cached).as_deref()), (Some("miss"), Some("hit")));
+    let bytes = cached.metric("tally_prefix_cache_bytes");
+    assert!(bytes > 0.0 && (usage(&cached) - bytes / (4 << 20) as f64).abs() < 1e-12, "{bytes} bytes of 4 MiB: usage {}", usage(&cached));
+    let (_, metrics) = cached.get("/metrics");
+    for names in [
+        ["tally_requests_waiting", "tally_requests_running", "tally_prefix_cache_usage"],
+        ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"],
+        ["sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage"],
+    ] {
+        for name in names {
+            assert!(metrics.contains(&format!("# TYPE {name} gauge\n")), "{name} is not a gauge in\n{metrics}");
+        }
+        let labels = if names[0].starts_with("tally") { String::new() } else { r#"{model_name="tied-gqa"}"#.to_owned() };
+        assert!(metrics.contains(&format!("{}{labels} {}\n", names[2], usage(&cached))), "{} differs from tally_prefix_cache_usage", names[2]);
+    }
+    let uncached = Server::start("tied-gqa", &["--prefix-cache-mib", "0"]);
+    assert_eq!((header(&uncached).as_deref(), header(&uncached).as_deref()), (Some("miss"), Some("miss")));
+    assert_eq!(usage(&uncached), 0.0);
+    assert!(!uncached.get("/metrics").1.contains("vllm:"), "other engines' names only when asked for");
 }
 
 #[test]

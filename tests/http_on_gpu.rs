@@ -10,14 +10,15 @@ use serde_json::json;
 
 /// The same fixtures through the CubeCL kernels on wgpu's default adapter (lavapipe in CI): one
 /// server per model, so kernels compile and autotune once per model. The first server warms up
-/// before it listens (a small pass budget keeps that short on lavapipe): its answers must be as
-/// right as the others'.
+/// before it serves (a small pass budget keeps that short on lavapipe), its probes saying so
+/// meanwhile; its answers must be as right as the others'.
 fn the_wgpu_backend_matches_the_reference() {
     let cases = cases();
     for (index, (model_name, model_cases)) in cases_by_model(&cases).into_iter().enumerate() {
         let server = if index == 0 {
-            let server = Server::start(model_name, &["--backend", "wgpu", "--max-batch-tokens", "64"]);
-            assert!(server.startup_log.iter().any(|line| line.contains("warmed up in")), "no warm-up before listening:\n{}", server.startup_log.join("\n"));
+            let mut server = Server::start_listening(model_name, &["--backend", "wgpu", "--max-batch-tokens", "64"]);
+            probes_say_not_ready_until_warmed_up(&mut server);
+            assert!(server.startup_log.iter().any(|line| line.contains("warmed up in")), "no warm-up before serving:\n{}", server.startup_log.join("\n"));
             server
         } else {
             Server::start(model_name, &["--backend", "wgpu", "--no-warmup"])
@@ -26,6 +27,30 @@ fn the_wgpu_backend_matches_the_reference() {
             assert_close(&server.score(&case["request"]), &expected(case), 1e-3, &format!("wgpu, {model_name}"));
         }
     }
+}
+
+/// While a server loads and warms up: alive (`/live` 200), not ready (`/health` 503 saying
+/// `loading`, then `warming_up`), the API refused with 503 JSON; ready once warmed up.
+fn probes_say_not_ready_until_warmed_up(server: &mut Server) {
+    let mut phases: Vec<String> = Vec::new();
+    loop {
+        assert_eq!(server.get("/live").0, 200, "alive while starting");
+        let (status, body) = server.get("/health");
+        let phase = serde_json::from_str::<serde_json::Value>(&body).unwrap()["status"].as_str().unwrap().to_owned();
+        if phase == "ok" {
+            assert_eq!(status, 200);
+            break;
+        }
+        assert_eq!(status, 503, "{body}");
+        if phases.last() != Some(&phase) {
+            let (status, error) = server.post("/v1/score", r#"{"query": [1], "items": [[2]], "label_token_ids": [3]}"#);
+            assert_eq!((status, error["object"].as_str()), (503, Some("error")), "{error}");
+            phases.push(phase);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(phases.ends_with(&["warming_up".to_owned()]) && phases.iter().all(|p| p == "loading" || p == "warming_up"), "phases before ready: {phases:?}");
+    server.wait_ready().unwrap();
 }
 
 /// The user's case: a model of Qwen3's full vocabulary on wgpu, with more labels than the label

@@ -1,19 +1,20 @@
 //! `tally serve` as a child process on a free port: the one way tally's benchmarks and its
-//! end-to-end tests start a server. It waits for the "listening on" line (so the URL is the port
-//! the server really bound), keeps what was logged before it, drains the log afterwards so the
-//! server never blocks on a full pipe, and kills the child when dropped.
+//! end-to-end tests start a server. It takes the URL from the "listening on" line (the port the
+//! server really bound), waits for the "ready" line (model loaded and warmed up), keeps what was
+//! logged until then, drains the log afterwards so the server never blocks on a full pipe, and
+//! kills the child when dropped.
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-/// How long a server may take to listen: loading, the kernel check and the warm-up included
+/// How long a server may take to be ready: loading, the kernel check and the warm-up included
 /// (lavapipe's first autotune takes about a minute).
 const START_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -32,13 +33,30 @@ pub struct ChildServer {
     pub child: Child,
     /// `http://host:port`, as the server logged it.
     pub url: String,
-    /// What it logged before it listened.
+    /// What it logged before it was ready (before it listened, until [`Self::wait_ready`]).
     pub startup_log: Vec<String>,
+    /// The log's lines until the "ready" line (in a mutex: tests share a server across threads).
+    startup: Mutex<mpsc::Receiver<String>>,
+    started: Instant,
 }
 
+const LISTENING: &str = "listening on http://";
+const READY: &str = "ready: serving the API";
+
 impl ChildServer {
-    /// Runs `<tally> serve --port 0 <args>` with `env` added, and waits until it listens.
+    /// Runs `<tally> serve --port 0 <args>` with `env` added, and waits until it is ready.
     pub fn start<I, S>(tally: &Path, args: I, env: &[(&str, &OsStr)], later_log: LaterLog) -> Result<ChildServer>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut server = Self::start_listening(tally, args, env, later_log)?;
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    /// [`Self::start`], returning as soon as the server listens: while it loads its model.
+    pub fn start_listening<I, S>(tally: &Path, args: I, env: &[(&str, &OsStr)], later_log: LaterLog) -> Result<ChildServer>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
@@ -53,39 +71,48 @@ impl ChildServer {
             .spawn()
             .with_context(|| format!("cannot start `{} serve`", tally.display()))?;
         let log = BufReader::new(child.stderr.take().expect("stderr is piped"));
-        // The log is read on its own thread: lines before "listening" come back over the channel
-        // (so a server that hangs while loading is caught by the timeout), later ones are drained.
-        let (startup, lines) = mpsc::channel();
+        // The log is read on its own thread: lines until "ready" come back over the channel (so a
+        // server that hangs while loading is caught by the timeout), later ones are drained.
+        let (sender, startup) = mpsc::channel();
         std::thread::spawn(move || {
-            let mut listening = false;
+            let mut ready = false;
             for line in log.lines().map_while(Result::ok) {
-                if !listening {
-                    listening = line.contains("listening on http://");
-                    let _ = startup.send(line);
+                if !ready {
+                    ready = line.contains(READY);
+                    let _ = sender.send(line);
                 } else if later_log == LaterLog::EchoWarnings && !line.contains(" INFO ") {
                     eprintln!("server: {line}");
                 }
             }
         });
-        let deadline = Instant::now() + START_TIMEOUT;
-        let mut startup_log = Vec::new();
+        let mut server = ChildServer { child, url: String::new(), startup_log: Vec::new(), startup: Mutex::new(startup), started: Instant::now() };
+        let line = server.wait_for(LISTENING, "listen")?;
+        let at = line.find(LISTENING).expect("the line waited for");
+        server.url = line[at + "listening on ".len()..].split_whitespace().next().unwrap_or_default().to_owned();
+        Ok(server)
+    }
+
+    /// Waits until the server has loaded its model and warmed up (its "ready" line).
+    pub fn wait_ready(&mut self) -> Result<()> {
+        self.wait_for(READY, "get ready").map(drop)
+    }
+
+    /// The first startup line containing `marker`; the lines before it go to the startup log.
+    fn wait_for(&mut self, marker: &str, what: &str) -> Result<String> {
+        let deadline = self.started + START_TIMEOUT;
         loop {
-            match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(line) => match line.find("listening on http://") {
-                    Some(at) => {
-                        let url = line[at + "listening on ".len()..].trim().to_owned();
-                        return Ok(ChildServer { child, url, startup_log });
-                    }
-                    None => startup_log.push(line),
-                },
+            let next = self.startup.get_mut().unwrap_or_else(|e| e.into_inner()).recv_timeout(deadline.saturating_duration_since(Instant::now()));
+            match next {
+                Ok(line) if line.contains(marker) => return Ok(line),
+                Ok(line) => self.startup_log.push(line),
                 Err(waited) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
                     let why = match waited {
-                        mpsc::RecvTimeoutError::Timeout => format!("did not listen within {} s", START_TIMEOUT.as_secs()),
-                        mpsc::RecvTimeoutError::Disconnected => "exited before it listened".to_owned(),
+                        mpsc::RecvTimeoutError::Timeout => format!("did not {what} within {} s", START_TIMEOUT.as_secs()),
+                        mpsc::RecvTimeoutError::Disconnected => format!("exited before it could {what}"),
                     };
-                    bail!("`tally serve` {why}; its log:\n{}", startup_log.join("\n"));
+                    bail!("`tally serve` {why}; its log:\n{}", self.startup_log.join("\n"));
                 }
             }
         }

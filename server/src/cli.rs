@@ -181,9 +181,14 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer <key>` on the API routes (401 otherwise).
     #[arg(long, env = "TALLY_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// With --api-key, also require it on /health and /metrics.
+    /// With --api-key, also require it on the probes (/health, /live) and /metrics.
     #[arg(long)]
     pub protect_health_and_metrics: bool,
+    /// Also give /metrics' picker gauges (requests waiting and running, prefix cache use) under
+    /// vLLM's or SGLang's names, so a router's endpoint picker configured for that engine reads
+    /// tally unchanged (repeat for both).
+    #[arg(long, value_enum, value_name = "ENGINE")]
+    pub metrics_compat: Vec<crate::http::metrics::MetricNames>,
     /// Let browser pages on this origin call the API (repeat for several; `*` for any).
     #[arg(long)]
     pub cors_allow_origin: Vec<String>,

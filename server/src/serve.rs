@@ -1,16 +1,18 @@
-//! `tally serve`: load the model, start the scheduler, serve HTTP until SIGTERM or Ctrl-C,
-//! then finish every accepted request before exiting.
+//! `tally serve`: listen, load the model and warm it up (the probes say so meanwhile), start the
+//! scheduler, serve HTTP until SIGTERM or Ctrl-C, then finish every accepted request and exit.
 
 use std::io::IsTerminal;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use axum::http::StatusCode;
+use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::Semaphore;
+use tower::ServiceExt;
 use tally_model::ScoringBackend;
 use tally_engine::{Reranker, Scheduler, SchedulerOptions, Scorer};
 
@@ -19,7 +21,8 @@ use crate::cli::ServeArgs;
 use crate::http::auth::AuthConfig;
 use crate::http::error::ApiError;
 use crate::http::parse_errors::JsonParseErrors;
-use crate::http::{self, AppState, ServerLimits};
+use crate::http::readiness::{self, Lifecycle, Phase};
+use crate::http::{self, AppState, ServerLimits, ServerSetup};
 
 pub fn run(args: ServeArgs) -> Result<()> {
     tracing_subscriber::fmt()
@@ -27,7 +30,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
-    let device = args.device;
     let web = args.web.clone();
     if let Some(dir) = &web {
         anyhow::ensure!(dir.join("index.html").is_file(), "--web {}: no index.html there (build the page with web/build.sh; it writes web/dist)", dir.display());
@@ -38,44 +40,71 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_header_bytes: args.max_header_bytes,
         drain_timeout: Duration::from_secs_f64(args.shutdown_timeout_secs),
     };
-    let (state, listen, cors) = dispatch(device, args)?;
+    // Listen first, load after: the probes answer while the model loads and warms up (minutes on
+    // a cold GPU), so an orchestrator can tell a server that is starting from one that is stuck.
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    runtime.block_on(serve(state, listen, cors, web, limits))
+    let listen = format!("{}:{}", args.host, args.port);
+    let listener = runtime.block_on(tokio::net::TcpListener::bind(&listen)).with_context(|| format!("cannot listen on {listen}"))?;
+    let address = listener.local_addr()?;
+    tracing::info!("listening on http://{address} (/live answers now; /health and the API once the model is loaded and warmed up)");
+    let lifecycle = Arc::new(Lifecycle::default());
+    let api = Arc::new(OnceLock::new());
+    let server = runtime.spawn(serve(listener, Arc::clone(&api), Arc::clone(&lifecycle), limits));
+
+    let cors = args.cors_allow_origin.clone();
+    let state = dispatch(args.device, Startup { args, lifecycle: Arc::clone(&lifecycle) })?;
+    let _ = api.set(http::router(Arc::new(state), &cors, web.as_deref()));
+    lifecycle.set(Phase::Ready);
+    tracing::info!("ready: serving the API on http://{address}");
+    if web.is_some() {
+        tracing::info!("the browser page: http://{address}/web/index.html");
+    }
+    runtime.block_on(server).context("the HTTP server stopped")?
+    // Dropping `api` drops the last reference to the scheduler: it drains its queue (work whose
+    // client left is dropped) and joins the model thread.
 }
 
-/// Loads the model on the chosen backend and starts its scheduler; the rest is backend-free.
-impl WithBackend for ServeArgs {
-    /// The state, the address to listen on, and the CORS origins.
-    type Output = (AppState, String, Vec<String>);
+/// `tally serve`'s arguments, and the lifecycle its loading moves along.
+struct Startup {
+    args: ServeArgs,
+    lifecycle: Arc<Lifecycle>,
+}
 
-    fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Self::Output> {
-        let (dir, name) = crate::hub::resolve_model(&self.model)?;
-        let served_names = if self.served_model_name.is_empty() { vec![name] } else { self.served_model_name.clone() };
+/// Loads the model on the chosen backend, warms it up and starts its scheduler; the rest is
+/// backend-free.
+impl WithBackend for Startup {
+    type Output = AppState;
+
+    fn run<B: ScoringBackend>(self, device: B::Device) -> Result<AppState> {
+        let Startup { args, lifecycle } = self;
+        let (dir, name) = crate::hub::resolve_model(&args.model)?;
+        let served_names = if args.served_model_name.is_empty() { vec![name] } else { args.served_model_name.clone() };
         let name = served_names[0].clone();
-        let mut scorer = crate::loading::load_scorer::<B>(&dir, &device, self.prefix_cache_mib << 20, self.max_batch_tokens, self.device.routes())?.with_model_name(name);
+        let mut scorer = crate::loading::load_scorer::<B>(&dir, &device, args.prefix_cache_mib << 20, args.max_batch_tokens, args.device.routes())?.with_model_name(name);
         let max_batch_tokens = scorer.max_pass_tokens();
-        if !self.no_warmup {
+        if !args.no_warmup {
+            lifecycle.set(Phase::WarmingUp);
             warm_up(&mut scorer)?;
         }
         let preparer = scorer.preparer().clone();
-        let rerank = Reranker::new(self.rerank.template(), &preparer).map(Arc::new).map_err(|reason| {
+        let rerank = Reranker::new(args.rerank.template(), &preparer).map(Arc::new).map_err(|reason| {
             tracing::warn!("/v1/rerank is disabled: {reason}");
             reason.to_string()
         });
-        let scheduler = Scheduler::start(scorer, SchedulerOptions { max_queue: self.max_queue, max_batch_tokens });
+        let scheduler = Scheduler::start(scorer, SchedulerOptions { max_queue: args.max_queue, max_batch_tokens });
         let limits = ServerLimits {
-            max_items: self.max_items_per_request,
-            max_labels: self.max_labels_per_request,
-            max_tokens: self.max_tokens_per_request,
-            max_body_bytes: self.max_body_bytes,
-            max_text_bytes: self.max_text_bytes_per_request,
-            timeout: Duration::from_secs_f64(self.request_timeout_secs),
-            body_timeout: Duration::from_secs_f64(self.body_timeout_secs),
+            max_items: args.max_items_per_request,
+            max_labels: args.max_labels_per_request,
+            max_tokens: args.max_tokens_per_request,
+            max_body_bytes: args.max_body_bytes,
+            max_text_bytes: args.max_text_bytes_per_request,
+            timeout: Duration::from_secs_f64(args.request_timeout_secs),
+            body_timeout: Duration::from_secs_f64(args.body_timeout_secs),
         };
         tracing::info!(model = %dir.display(), backend = ?std::any::type_name::<B>(), "model loaded");
-        let auth = AuthConfig { api_key: self.api_key.clone().filter(|key| !key.is_empty()), protect_health_and_metrics: self.protect_health_and_metrics };
-        let state = AppState::new(scheduler, preparer, rerank, limits, auth, served_names);
-        Ok((state, format!("{}:{}", self.host, self.port), self.cors_allow_origin.clone()))
+        let auth = AuthConfig { api_key: args.api_key.clone().filter(|key| !key.is_empty()), protect_health_and_metrics: args.protect_health_and_metrics };
+        let setup = ServerSetup { limits, auth, served_names, lifecycle, metric_names: args.metrics_compat.clone() };
+        Ok(AppState::new(scheduler, preparer, rerank, setup))
     }
 }
 
@@ -108,19 +137,18 @@ pub struct ConnectionLimits {
     pub drain_timeout: Duration,
 }
 
-async fn serve(state: AppState, listen: String, cors: Vec<String>, web: Option<std::path::PathBuf>, limits: ConnectionLimits) -> Result<()> {
-    let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("cannot listen on {listen}"))?;
-    tracing::info!("listening on http://{}", listener.local_addr()?);
-    if web.is_some() {
-        tracing::info!("the browser page: http://{}/web/index.html", listener.local_addr()?);
-    }
-    let state = Arc::new(state);
-    let app = http::router(Arc::clone(&state), &cors, web.as_deref());
+/// Serves `listener` until SIGTERM or Ctrl-C: the loading routes until `api` is set, then the API
+/// (on connections old and new). A signal starts the drain: `/health` turns 503, new scoring
+/// requests are refused, and once the accepted ones are answered the server stops.
+async fn serve(listener: tokio::net::TcpListener, api: Arc<OnceLock<Router>>, lifecycle: Arc<Lifecycle>, limits: ConnectionLimits) -> Result<()> {
+    let loading = readiness::loading_routes(Arc::clone(&lifecycle));
+    let app = tower::service_fn(move |request: hyper::Request<hyper::body::Incoming>| api.get().unwrap_or(&loading).clone().oneshot(request));
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout).max_header_size(limits.max_header_bytes);
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let mut first_signal = std::pin::pin!(shutdown_signal());
+    let mut signal = std::pin::pin!(shutdown_signal());
+    let mut draining = false;
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -132,7 +160,18 @@ async fn serve(state: AppState, listen: String, cors: Vec<String>, web: Option<s
                     continue;
                 }
             },
-            () = &mut first_signal => break,
+            () = &mut signal, if !draining => {
+                if lifecycle.phase() != Phase::Ready {
+                    tracing::info!("shutdown signal before the model was ready: nothing to finish; exiting");
+                    std::process::exit(0);
+                }
+                lifecycle.set(Phase::Draining);
+                draining = true;
+                tracing::info!("draining: /health answers 503, new requests are refused, {} accepted ones finish (at most {:?})", lifecycle.in_flight(), limits.drain_timeout);
+                tokio::spawn(exit_at_deadline_or_second_signal(limits.drain_timeout));
+                continue;
+            }
+            () = lifecycle.drained(), if draining => break,
         };
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
             tokio::spawn(shed(stream, limits.max_connections));
@@ -145,22 +184,18 @@ async fn serve(state: AppState, listen: String, cors: Vec<String>, web: Option<s
         });
     }
     drop(listener);
-    tracing::info!("stopped accepting requests; finishing accepted ones (at most {:?})", limits.drain_timeout);
-    tokio::select! {
-        () = graceful.shutdown() => {}
-        () = tokio::time::sleep(limits.drain_timeout) => {
-            tracing::warn!("requests still running after {:?}; exiting", limits.drain_timeout);
-            std::process::exit(1);
-        }
-        () = shutdown_signal() => {
-            tracing::warn!("second shutdown signal; exiting now");
-            std::process::exit(1);
-        }
-    }
-    // In-flight handlers are done; the last reference to the scheduler drains its queue (work
-    // whose client left is dropped) and joins the model thread when dropped.
-    drop(state);
+    tracing::info!("every accepted request answered; closing connections");
+    graceful.shutdown().await;
     Ok(())
+}
+
+/// Once draining: exits with status 1 when the drain passes its deadline or a second signal comes.
+async fn exit_at_deadline_or_second_signal(deadline: Duration) {
+    tokio::select! {
+        () = tokio::time::sleep(deadline) => tracing::warn!("requests still running after {deadline:?}; exiting"),
+        () = shutdown_signal() => tracing::warn!("second shutdown signal; exiting now"),
+    }
+    std::process::exit(1);
 }
 
 /// Over the connection limit: a 503 in the API's error format, then close.

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CASES = ROOT / "tests" / "fixtures" / "cases"
@@ -194,12 +195,13 @@ def start_tally(binary, dist):
         if process.poll() is not None:
             sys.exit(f"tally serve exited with {process.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
+            # It listens before its model is loaded; /health answers 200 once it serves.
+            with urllib.request.urlopen(f"{base}/health", timeout=1):
                 return process, base
         except OSError:
             time.sleep(0.2)
     process.kill()
-    sys.exit("tally serve did not start listening in 120 s")
+    sys.exit("tally serve was not ready in 120 s")
 
 
 def check_models(page, dist, failures, report):

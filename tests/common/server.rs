@@ -40,6 +40,13 @@ impl Server {
         Server(ChildServer::start(Path::new(env!("CARGO_BIN_EXE_tally")), args, &env, LaterLog::Drop).unwrap_or_else(|e| panic!("{e:#}")))
     }
 
+    /// [`Server::start`], returning as soon as it listens: while it loads and warms up.
+    pub fn start_listening(model_name: &str, extra: &[&str]) -> Server {
+        let model = model(model_name);
+        let args = [OsStr::new("--model"), model.as_os_str()].into_iter().chain(extra.iter().map(OsStr::new));
+        Server(ChildServer::start_listening(Path::new(env!("CARGO_BIN_EXE_tally")), args, &[], LaterLog::Drop).unwrap_or_else(|e| panic!("{e:#}")))
+    }
+
     pub fn post(&self, path: &str, body: &str) -> (u16, Value) {
         let response = ureq::post(&format!("{}{path}", self.url)).set("Content-Type", "application/json").send_string(body);
         read(response)

@@ -18,10 +18,11 @@ pub mod stats;
 pub mod tokenizer;
 pub mod warmup;
 
+pub use prefill::PrefixCacheUse;
 pub use prepare::{RequestError, RequestPreparer};
 pub use rerank::{RerankSetupError, RerankTemplate, Reranker, Truncation};
-pub use scheduler::{ScheduleError, Scheduler, SchedulerOptions};
-pub use scorer::{EngineError, Scorer, ScorerOptions};
+pub use scheduler::{ScheduleError, Scheduler, SchedulerOptions, ScoreResult};
+pub use scorer::{EngineError, Scored, Scorer, ScorerOptions};
 pub use stats::{EngineStats, Histogram};
 pub use tokenizer::{PromptPart, TextTokenizer, TruncationSide};
 pub use warmup::{warmup_steps, WarmupStep};

@@ -12,15 +12,44 @@ use tally_model::{DecoderModel, QueryKv, ScoringBackend, PREFILL_CHUNK};
 use crate::prefix_cache::PrefixLru;
 use crate::stats::EngineStats;
 
-/// K/V for each of `queries` (`None`: an empty query). Distinct queries are computed once;
-/// each prefill pass holds at most `max_tokens` query tokens (at least one query).
+/// How a request's query was found in the prefix cache (a server tells its client, so a router
+/// can see whether its prefix affinity pays).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixCacheUse {
+    /// The whole query was cached (or computed earlier in the same batch).
+    Hit,
+    /// A cached chunk-aligned beginning was resumed; the rest was prefilled.
+    Partial,
+    /// Prefilled from scratch: not cached, the cache is off, or nothing could be shared.
+    Miss,
+}
+
+impl PrefixCacheUse {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefixCacheUse::Hit => "hit",
+            PrefixCacheUse::Partial => "partial",
+            PrefixCacheUse::Miss => "miss",
+        }
+    }
+
+    /// Of one client request made of several queries: a hit only if every query was, a miss
+    /// only if every query was.
+    pub fn combine(self, other: PrefixCacheUse) -> PrefixCacheUse {
+        if self == other { self } else { PrefixCacheUse::Partial }
+    }
+}
+
+/// K/V for each of `queries` (`None`: an empty query), and how each was found in the cache.
+/// Distinct queries are computed once; each prefill pass holds at most `max_tokens` query
+/// tokens (at least one query).
 pub fn prefill_queries<B: ScoringBackend>(
     model: &DecoderModel<B>,
     cache: &mut PrefixLru<B>,
     stats: &EngineStats,
     queries: &[Option<&[u32]>],
     max_tokens: usize,
-) -> Vec<QueryKv<B>> {
+) -> Vec<(QueryKv<B>, PrefixCacheUse)> {
     let mut distinct: Vec<&[u32]> = Vec::new();
     for query in queries.iter().flatten() {
         if !distinct.contains(query) {
@@ -28,6 +57,8 @@ pub fn prefill_queries<B: ScoringBackend>(
         }
     }
     let mut done: HashMap<&[u32], QueryKv<B>> = HashMap::new();
+    // A distinct query's lookup; its repeats within the batch are hits.
+    let mut found: HashMap<&[u32], PrefixCacheUse> = HashMap::new();
     if !cache.is_enabled() {
         let empty = || model.empty_query();
         done.extend(distinct.iter().copied().zip(prefill_in_passes(model, stats, distinct.iter().map(|&q| (empty(), q)).collect(), max_tokens)));
@@ -39,11 +70,16 @@ pub fn prefill_queries<B: ScoringBackend>(
             match cache.get(query) {
                 Some(hit) => {
                     stats.prefix_cache_hits.fetch_add(1, Relaxed);
+                    found.insert(query, PrefixCacheUse::Hit);
                     done.insert(query, hit);
                 }
                 None => {
-                    let counter = if longest_cached_part(cache, query, aligned_len(query)).is_some() { &stats.prefix_cache_partial_hits } else { &stats.prefix_cache_misses };
+                    let (counter, lookup) = match longest_cached_part(cache, query, aligned_len(query)) {
+                        Some(_) => (&stats.prefix_cache_partial_hits, PrefixCacheUse::Partial),
+                        None => (&stats.prefix_cache_misses, PrefixCacheUse::Miss),
+                    };
                     counter.fetch_add(1, Relaxed);
+                    found.insert(query, lookup);
                     missed.push(query);
                 }
             }
@@ -73,7 +109,18 @@ pub fn prefill_queries<B: ScoringBackend>(
         }
         stats.prefix_cache_bytes.store(cache.used_bytes() as u64, Relaxed);
     }
-    queries.iter().map(|query| query.map_or_else(|| model.empty_query(), |q| done[q].clone())).collect()
+    let mut first_seen: Vec<&[u32]> = Vec::new();
+    queries
+        .iter()
+        .map(|query| match query {
+            None => (model.empty_query(), PrefixCacheUse::Miss),
+            Some(q) if first_seen.contains(q) => (done[q].clone(), PrefixCacheUse::Hit),
+            Some(q) => {
+                first_seen.push(q);
+                (done[q].clone(), found.get(q).copied().unwrap_or(PrefixCacheUse::Miss))
+            }
+        })
+        .collect()
 }
 
 /// The longest multiple of [`PREFILL_CHUNK`] strictly shorter than `query`: the part worth
@@ -132,6 +179,14 @@ fn passes(chunks: impl Iterator<Item = usize>, max_tokens: usize) -> Vec<Range<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_of_several_queries_is_a_hit_or_a_miss_only_if_all_are() {
+        use PrefixCacheUse::{Hit, Miss, Partial};
+        for (a, b, whole) in [(Hit, Hit, Hit), (Miss, Miss, Miss), (Hit, Miss, Partial), (Partial, Partial, Partial), (Miss, Partial, Partial)] {
+            assert_eq!((a.combine(b), b.combine(a)), (whole, whole), "{a:?} with {b:?}");
+        }
+    }
 
     #[test]
     fn the_cached_part_is_the_longest_whole_chunks_strictly_inside_the_query() {

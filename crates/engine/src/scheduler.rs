@@ -12,7 +12,7 @@ use tally_model::ScoringBackend;
 use tally_core::ScoreInput;
 use tokio::sync::oneshot;
 
-use crate::scorer::Scorer;
+use crate::scorer::{Scored, Scorer};
 use crate::stats::EngineStats;
 
 #[derive(Debug, Clone, Copy)]
@@ -35,7 +35,7 @@ pub enum ScheduleError {
     Closed,
 }
 
-pub type ScoreResult = Result<Vec<Vec<f64>>, ScheduleError>;
+pub type ScoreResult = Result<Scored, ScheduleError>;
 
 struct Job {
     input: ScoreInput,
@@ -104,6 +104,7 @@ fn run_worker<B: ScoringBackend>(mut scorer: Scorer<B>, jobs: Receiver<Job>, opt
     while let Ok(first) = jobs.recv() {
         let batch = next_batch(first, &jobs, options.max_batch_tokens);
         stats.queue_depth.fetch_sub(batch.len() as i64, Relaxed);
+        stats.requests_running.store(batch.len() as i64, Relaxed);
 
         let inputs: Vec<&ScoreInput> = batch.iter().map(|job| &job.input).collect();
         // Asked before each query and each pass: work for a client that left or gave up stops.
@@ -115,6 +116,7 @@ fn run_worker<B: ScoringBackend>(mut scorer: Scorer<B>, jobs: Receiver<Job>, opt
             Ok(Err(error)) => batch.iter().map(|_| Err(ScheduleError::Failed(error.to_string()))).collect(),
             Err(_) => batch.iter().map(|_| Err(ScheduleError::Failed("the model panicked; see the server log".into()))).collect(),
         };
+        stats.requests_running.store(0, Relaxed);
         for (job, result) in batch.into_iter().zip(results) {
             // The client may have gone away; its answer is simply dropped.
             let _ = job.reply.send(result);

@@ -9,7 +9,7 @@ use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
 use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, ModelConfig, OpenedModel, QueryBatch, Routes, ScoringBackend, PREFILL_CHUNK};
 
-use crate::prefill::prefill_queries;
+use crate::prefill::{prefill_queries, PrefixCacheUse};
 use crate::prefix_cache::PrefixLru;
 use crate::prepare::{RequestError, RequestPreparer};
 use crate::stats::EngineStats;
@@ -34,6 +34,15 @@ pub struct ScorerOptions {
     pub pass_budget: PassBudget,
     /// Device bytes for prefilled queries kept across requests; 0 disables the cache.
     pub prefix_cache_bytes: usize,
+}
+
+/// One request's answer from a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scored {
+    /// `scores[i][j]`: label `j` after item `i`.
+    pub scores: Vec<Vec<f64>>,
+    /// How its query was found in the prefix cache.
+    pub prefix_cache: PrefixCacheUse,
 }
 
 /// A model, its tokenizer and the scoring pipeline.
@@ -66,12 +75,14 @@ impl<B: ScoringBackend> Scorer<B> {
         let model = DecoderModel::load(opened.config, opened.weights.as_ref(), device, progress).map_err(LoadError::from)?;
         let config = model.config();
         let limits = ModelLimits { vocab_size: config.vocab_size, max_positions: config.max_position_embeddings };
+        let stats = Arc::new(EngineStats::default());
+        stats.prefix_cache_capacity_bytes.store(options.prefix_cache_bytes as u64, Relaxed);
         Ok(Scorer {
             preparer: RequestPreparer::new(tokenizer, limits, model_name),
             model,
             options,
             prefix_cache: PrefixLru::new(options.prefix_cache_bytes),
-            stats: Arc::default(),
+            stats,
         })
     }
 
@@ -157,14 +168,14 @@ impl<B: ScoringBackend> Scorer<B> {
     /// every item attends to its own request's query. With `item_first` nothing can be shared,
     /// so each `item + query` is a sequence of its own with an empty prefix.
     pub fn score_batch(&mut self, inputs: &[&ScoreInput]) -> Result<Vec<Vec<Vec<f64>>>, EngineError> {
-        let scores = self.score_batch_while(inputs, &|_| true)?;
-        Ok(scores.into_iter().map(|s| s.expect("every request is wanted")).collect())
+        let scored = self.score_batch_while(inputs, &|_| true)?;
+        Ok(scored.into_iter().map(|s| s.expect("every request is wanted").scores).collect())
     }
 
     /// [`Self::score_batch`], asking `wanted(r)` before each query and each pass: a request
     /// nobody waits for any more (client gone, deadline passed) stops costing work and comes
     /// back `None`.
-    pub fn score_batch_while(&mut self, inputs: &[&ScoreInput], wanted: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Vec<Vec<f64>>>>, EngineError> {
+    pub fn score_batch_while(&mut self, inputs: &[&ScoreInput], wanted: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Scored>>, EngineError> {
         burn::tensor::try_read_sync(self.score_batch_while_async(inputs, wanted)).unwrap_or_else(|| Err(cannot_block()))
     }
 
@@ -173,7 +184,7 @@ impl<B: ScoringBackend> Scorer<B> {
     pub async fn score_async(&mut self, request: &ScoreRequest) -> Result<ScoreResponse, EngineError> {
         let input = self.preparer.prepare(request)?;
         let mut scores = self.score_batch_while_async(&[&input], &|_| true).await?;
-        let scores = scores.remove(0).expect("the request is wanted");
+        let scores = scores.remove(0).expect("the request is wanted").scores;
         let model = request.model.clone().unwrap_or_else(|| self.preparer.model_name().to_owned());
         Ok(ScoreResponse::new(scores, model, input.prompt_tokens()))
     }
@@ -181,10 +192,10 @@ impl<B: ScoringBackend> Scorer<B> {
     /// [`Self::score_batch_while`] with asynchronous readback; the one implementation of both:
     /// the queries prefilled (or taken from the cache), the items planned into passes, each
     /// pass scored, the batch counted.
-    async fn score_batch_while_async(&mut self, inputs: &[&ScoreInput], wanted: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Vec<Vec<f64>>>>, EngineError> {
+    async fn score_batch_while_async(&mut self, inputs: &[&ScoreInput], wanted: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Scored>>, EngineError> {
         let mut dropped: Vec<bool> = (0..inputs.len()).map(|r| !wanted(r)).collect();
         let wanted_queries: Vec<Option<&[u32]>> = inputs.iter().zip(&dropped).map(|(input, &dropped)| (!input.item_first && !dropped).then_some(&*input.query)).collect();
-        let queries = prefill_queries(&self.model, &mut self.prefix_cache, &self.stats, &wanted_queries, self.options.pass_budget.max_tokens);
+        let (queries, cache_uses): (Vec<_>, Vec<_>) = prefill_queries(&self.model, &mut self.prefix_cache, &self.stats, &wanted_queries, self.options.pass_budget.max_tokens).into_iter().unzip();
         let queries = self.model.query_batch(queries);
         let items = BatchItems::new(inputs);
 
@@ -204,7 +215,7 @@ impl<B: ScoringBackend> Scorer<B> {
             }
         }
         self.count_batch(inputs, &dropped);
-        Ok(scores.into_iter().zip(dropped).map(|(scores, dropped)| (!dropped).then_some(scores)).collect())
+        Ok(scores.into_iter().zip(cache_uses).zip(dropped).map(|((scores, prefix_cache), dropped)| (!dropped).then_some(Scored { scores, prefix_cache })).collect())
     }
 
     /// One forward pass over `pass` (entries of `items`): each item's label probabilities, by entry.

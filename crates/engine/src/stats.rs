@@ -38,7 +38,10 @@ const SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.
 
 #[derive(Debug)]
 pub struct EngineStats {
+    /// Requests waiting for the model.
     pub queue_depth: AtomicI64,
+    /// Requests in the batch the model is scoring now.
+    pub requests_running: AtomicI64,
     pub items_scored: AtomicU64,
     pub tokens_scored: AtomicU64,
     pub prefix_cache_hits: AtomicU64,
@@ -46,6 +49,8 @@ pub struct EngineStats {
     pub prefix_cache_partial_hits: AtomicU64,
     pub prefix_cache_misses: AtomicU64,
     pub prefix_cache_bytes: AtomicU64,
+    /// The prefix cache's budget (`--prefix-cache-mib`); 0 when it is off.
+    pub prefix_cache_capacity_bytes: AtomicU64,
     /// Query tokens run through the model (what the prefix cache did not hold).
     pub prefill_tokens: AtomicU64,
     /// Requests dropped unscored or part-scored because their client left or their deadline passed.
@@ -56,16 +61,30 @@ pub struct EngineStats {
     pub pass_items: Histogram,
 }
 
+impl EngineStats {
+    /// The prefix cache's bytes as a fraction of its budget, 0 to 1 (0 when it is off): the
+    /// cache-use gauge a router's endpoint picker reads.
+    pub fn prefix_cache_usage(&self) -> f64 {
+        let capacity = self.prefix_cache_capacity_bytes.load(Relaxed);
+        if capacity == 0 {
+            return 0.0;
+        }
+        (self.prefix_cache_bytes.load(Relaxed) as f64 / capacity as f64).min(1.0)
+    }
+}
+
 impl Default for EngineStats {
     fn default() -> Self {
         EngineStats {
             queue_depth: AtomicI64::new(0),
+            requests_running: AtomicI64::new(0),
             items_scored: AtomicU64::new(0),
             tokens_scored: AtomicU64::new(0),
             prefix_cache_hits: AtomicU64::new(0),
             prefix_cache_partial_hits: AtomicU64::new(0),
             prefix_cache_misses: AtomicU64::new(0),
             prefix_cache_bytes: AtomicU64::new(0),
+            prefix_cache_capacity_bytes: AtomicU64::new(0),
             prefill_tokens: AtomicU64::new(0),
             requests_abandoned: AtomicU64::new(0),
             batch_requests: Histogram::new(SIZE_BUCKETS),
@@ -87,5 +106,16 @@ mod tests {
         let (buckets, sum) = h.snapshot();
         assert_eq!(buckets, vec![(1.0, 2), (10.0, 3), (f64::INFINITY, 4)]);
         assert!((sum - 106.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn prefix_cache_usage_is_a_fraction_of_the_budget() {
+        let stats = EngineStats::default();
+        assert_eq!(stats.prefix_cache_usage(), 0.0, "no budget: the cache is off");
+        stats.prefix_cache_capacity_bytes.store(400, Relaxed);
+        for (bytes, usage) in [(0, 0.0), (100, 0.25), (400, 1.0)] {
+            stats.prefix_cache_bytes.store(bytes, Relaxed);
+            assert_eq!(stats.prefix_cache_usage(), usage);
+        }
     }
 }

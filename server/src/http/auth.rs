@@ -1,6 +1,6 @@
 //! Optional API keys: with `--api-key` (or `TALLY_API_KEY`), API routes need
-//! `Authorization: Bearer <key>` and answer 401 otherwise; `/health` and `/metrics` stay open
-//! unless `--protect-health-and-metrics`.
+//! `Authorization: Bearer <key>` and answer 401 otherwise; the probes (`/health`, `/live`) and
+//! `/metrics` stay open unless `--protect-health-and-metrics`.
 
 use std::sync::Arc;
 
@@ -21,7 +21,7 @@ pub struct AuthConfig {
 impl AuthConfig {
     fn allows(&self, path: &str, authorization: Option<&str>) -> bool {
         let Some(key) = &self.api_key else { return true };
-        if matches!(path, "/health" | "/metrics") && !self.protect_health_and_metrics {
+        if matches!(path, "/health" | "/live" | "/metrics") && !self.protect_health_and_metrics {
             return true;
         }
         authorization.and_then(|value| value.strip_prefix("Bearer ")).is_some_and(|given| constant_time_eq(given.trim().as_bytes(), key.as_bytes()))
@@ -57,7 +57,7 @@ mod tests {
         assert!(!keyed.allows("/v1/score", Some("Bearer wrong")));
         assert!(!keyed.allows("/v1/score", Some("s3cret")));
         assert!(keyed.allows("/v1/score", Some("Bearer s3cret")));
-        assert!(keyed.allows("/health", None) && keyed.allows("/metrics", None));
+        assert!(keyed.allows("/health", None) && keyed.allows("/live", None) && keyed.allows("/metrics", None));
         let strict = AuthConfig { protect_health_and_metrics: true, ..keyed };
         assert!(!strict.allows("/metrics", None) && strict.allows("/metrics", Some("Bearer s3cret")));
     }

@@ -1,5 +1,11 @@
 //! `GET /metrics`: Prometheus text format — HTTP requests and latencies, and the engine's
-//! counters (items and tokens scored, batch and pass sizes, queue depth, prefix cache).
+//! counters (items and tokens scored, batch and pass sizes, prefix cache).
+//!
+//! Three gauges are what a router's endpoint picker (the Gateway API Inference Extension's, say)
+//! reads to choose a replica: requests waiting, requests running, and the prefix cache's use as
+//! a fraction of its budget. `--metrics-compat vllm|sglang` also gives them under the names
+//! those engines use, so a picker configured for them works unchanged. Rendering reads atomics
+//! and two small maps: cheap enough to scrape many times a second.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -14,6 +20,25 @@ use axum::response::{IntoResponse, Response};
 use tally_engine::Histogram;
 
 use super::AppState;
+
+/// Another engine's names for the picker's gauges (`--metrics-compat`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MetricNames {
+    /// `vllm:num_requests_waiting`, `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`.
+    Vllm,
+    /// `sglang:num_queue_reqs`, `sglang:num_running_reqs`, `sglang:token_usage`.
+    Sglang,
+}
+
+impl MetricNames {
+    /// Waiting, running and cache use, in that order.
+    fn names(self) -> [&'static str; 3] {
+        match self {
+            MetricNames::Vllm => ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"],
+            MetricNames::Sglang => ["sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage"],
+        }
+    }
+}
 
 const LATENCY_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
@@ -63,18 +88,32 @@ pub async fn render(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     for (name, help, value) in counters {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
     }
-    let gauges = [
-        ("tally_queue_depth", "Requests waiting for the model.", engine.queue_depth.load(Relaxed)),
-        ("tally_prefix_cache_bytes", "Device bytes held by the prefix cache.", engine.prefix_cache_bytes.load(Relaxed) as i64),
+    let picker_gauges = [
+        ("tally_requests_waiting", "Requests waiting for the model.", engine.queue_depth.load(Relaxed) as f64),
+        ("tally_requests_running", "Requests in the batch the model is scoring.", engine.requests_running.load(Relaxed) as f64),
+        ("tally_prefix_cache_usage", "Prefix cache bytes held, as a fraction (0 to 1) of --prefix-cache-mib.", engine.prefix_cache_usage()),
     ];
+    let gauges = picker_gauges.iter().copied().chain([("tally_prefix_cache_bytes", "Device bytes held by the prefix cache.", engine.prefix_cache_bytes.load(Relaxed) as f64)]);
     for (name, help, value) in gauges {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
     }
+    let model = label_value(&state.served_names[0]);
+    for engine_names in &state.metric_names {
+        for (name, (_, help, value)) in engine_names.names().into_iter().zip(picker_gauges) {
+            let _ = writeln!(out, "# HELP {name} {help} (tally_ under this engine's name)\n# TYPE {name} gauge\n{name}{{model_name=\"{model}\"}} {value}");
+        }
+    }
+    out += &super::readiness::ready_gauge(state.lifecycle.phase() == super::readiness::Phase::Ready);
     out += "# HELP tally_batch_requests Requests scored together in one batch.\n# TYPE tally_batch_requests histogram\n";
     write_histogram(&mut out, "tally_batch_requests", "", &engine.batch_requests);
     out += "# HELP tally_pass_items Items per forward pass.\n# TYPE tally_pass_items histogram\n";
     write_histogram(&mut out, "tally_pass_items", "", &engine.pass_items);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}
+
+/// `value` escaped for a label in the text format.
+fn label_value(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// `labels` is empty or ends with a comma.
@@ -87,4 +126,15 @@ fn write_histogram(out: &mut String, name: &str, labels: &str, histogram: &Histo
     let bare = labels.trim_end_matches(',');
     let labels = if bare.is_empty() { String::new() } else { format!("{{{bare}}}") };
     let _ = writeln!(out, "{name}_sum{labels} {sum}\n{name}_count{labels} {}", buckets.last().map_or(0, |b| b.1));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::label_value;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(label_value(r#"a\b"c"#), r#"a\\b\"c"#);
+        assert_eq!(label_value("two\nlines"), r"two\nlines");
+    }
 }

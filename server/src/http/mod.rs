@@ -8,6 +8,8 @@ pub mod metrics;
 pub mod openapi;
 pub mod pairs;
 pub mod parse_errors;
+pub mod prefix_header;
+pub mod readiness;
 pub mod rerank;
 pub mod score;
 pub mod tei;
@@ -32,7 +34,8 @@ use tally_engine::{RequestError, RequestPreparer, Reranker, Scheduler};
 
 use auth::AuthConfig;
 use error::ApiError;
-use metrics::HttpMetrics;
+use metrics::{HttpMetrics, MetricNames};
+use readiness::Lifecycle;
 
 /// Per-request limits, all configurable on the command line.
 #[derive(Debug, Clone, Copy)]
@@ -62,14 +65,28 @@ pub struct AppState {
     auth: AuthConfig,
     /// `--served-model-name`: the names requests may give; the first is the one answers carry.
     served_names: Vec<String>,
+    /// Loading, ready or draining, and the scoring requests under way.
+    lifecycle: Arc<Lifecycle>,
+    /// `--metrics-compat`: other engines' names `/metrics` also gives the picker's gauges.
+    metric_names: Vec<MetricNames>,
+}
+
+/// What the server is besides its engine: its names, limits, keys and where it is in its life.
+pub struct ServerSetup {
+    pub limits: ServerLimits,
+    pub auth: AuthConfig,
+    pub served_names: Vec<String>,
+    pub lifecycle: Arc<Lifecycle>,
+    pub metric_names: Vec<MetricNames>,
 }
 
 impl AppState {
-    pub fn new(scheduler: Scheduler, preparer: RequestPreparer, rerank: Result<Arc<Reranker>, String>, limits: ServerLimits, auth: AuthConfig, served_names: Vec<String>) -> Self {
+    pub fn new(scheduler: Scheduler, preparer: RequestPreparer, rerank: Result<Arc<Reranker>, String>, setup: ServerSetup) -> Self {
+        let ServerSetup { limits, auth, served_names, lifecycle, metric_names } = setup;
         assert!(!served_names.is_empty(), "a server answers to at least one name");
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let started = std::time::SystemTime::now();
-        AppState { scheduler, preparer, rerank, limits, metrics: HttpMetrics::default(), started, tokenizing: Semaphore::new(cores), auth, served_names }
+        AppState { scheduler, preparer, rerank, limits, metrics: HttpMetrics::default(), started, tokenizing: Semaphore::new(cores), auth, served_names, lifecycle, metric_names }
     }
 
     /// Tokenizes and validates a request off the async runtime, after the cheap size checks.
@@ -120,7 +137,11 @@ impl AppState {
             .into_iter()
             .map(move |answer| async move {
                 match tokio::time::timeout_at(deadline.into(), answer).await {
-                    Ok(Ok(result)) => Ok(result?),
+                    Ok(Ok(result)) => {
+                        let scored = result?;
+                        prefix_header::note(scored.prefix_cache);
+                        Ok(scored.scores)
+                    }
                     Ok(Err(_)) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down")),
                     Err(_) => Err(ApiError::new(StatusCode::GATEWAY_TIMEOUT, format!("request timed out after {timeout:?}"))),
                 }
@@ -189,15 +210,21 @@ fn parse<T: serde::de::DeserializeOwned>(fields: serde_json::Map<String, serde_j
 /// The routes, metrics, size limit and API keys; `cors` lets browser pages on those origins
 /// call the API (`*` for any); `web`, the browser page's directory, is served at `/web/`.
 pub fn router(state: Arc<AppState>, cors: &[String], web: Option<&std::path::Path>) -> Router {
-    let api = Router::new()
+    // The routes that score: counted while they run (a drain waits for them), refused once
+    // draining, and headed with the prefix cache's answer.
+    let scoring = Router::new()
         .route("/v1/score", post(score::score))
         .route("/score", post(score::score))
         .route("/v1/rerank", post(rerank::rerank))
         .route("/rerank", post(rerank::rerank))
         .route("/v2/rerank", post(rerank::rerank_v2))
         .route("/generative_scoring", post(generative::generative_scoring))
+        .layer(axum::middleware::from_fn(prefix_header::header))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state.lifecycle), readiness::admit));
+    let api = Router::new()
+        .merge(scoring)
+        .merge(readiness::probe_routes(Arc::clone(&state.lifecycle)))
         .route("/v1/models", get(models))
-        .route("/health", get(health))
         .route("/metrics", get(metrics::render))
         .route("/openapi.json", get(openapi::spec))
         .fallback(not_found)
@@ -237,7 +264,10 @@ async fn reject_declared_oversize(State(state): State<Arc<AppState>>, request: R
 }
 
 fn cors_layer(origins: &[String]) -> CorsLayer {
-    let layer = CorsLayer::new().allow_methods([Method::GET, Method::POST]).allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION]);
+    let layer = CorsLayer::new()
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION])
+        .expose_headers([header::HeaderName::from_static(prefix_header::HEADER)]);
     if origins.iter().any(|o| o == "*") {
         layer.allow_origin(AllowOrigin::any())
     } else {
@@ -266,12 +296,6 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
         })
         .collect();
     Json(json!({"object": "list", "data": models}))
-}
-
-/// Liveness: answers while the server runs, also under load.
-#[utoipa::path(get, tag = "service", path = "/health", responses((status = 200, description = "`{\"status\": \"ok\"}`")))]
-async fn health() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
 }
 
 async fn not_found() -> ApiError {

@@ -10,7 +10,7 @@ use utoipa::OpenApi;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "tally", description = "Scoring engine for decoder LLMs (SGLang /v1/score compatible)."),
-    paths(super::score::score, super::rerank::rerank, super::rerank::rerank_v2, super::generative::generative_scoring, super::models, super::health, super::metrics::render),
+    paths(super::score::score, super::rerank::rerank, super::rerank::rerank_v2, super::generative::generative_scoring, super::models, super::readiness::health, super::readiness::live, super::metrics::render),
     components(schemas(super::error::ErrorBody))
 )]
 struct ApiDoc;
