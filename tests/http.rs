@@ -1,5 +1,6 @@
 //! `tally serve` over real HTTP on loopback: the oracle fixtures, concurrency, pass splitting,
-//! the prefix cache, every error class, reranking, the side endpoints, SIGTERM draining, stalled
+//! the prefix cache and its response header, every error class, reranking, the side endpoints and
+//! the endpoint picker's gauges, readiness through SIGTERM draining, stalled
 //! and surplus connections, keys and CORS, and a Python client written the way SGLang's docs call
 //! /v1/score.
 
