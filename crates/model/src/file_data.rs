@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// Bytes that can only be copied out a range at a time.
 pub trait RangedBytes {
@@ -14,9 +15,28 @@ pub trait RangedBytes {
 
 pub enum FileData {
     #[cfg(not(target_arch = "wasm32"))]
-    Mapped(memmap2::Mmap),
-    Owned(Vec<u8>),
+    Mapped(Arc<memmap2::Mmap>),
+    Owned(Arc<[u8]>),
     Ranged(Box<dyn RangedBytes>),
+}
+
+/// A file's bytes in memory, shared across threads: what weights kept in their stored blocks
+/// ([`crate::blocks`]) point into, so the mapping lives as long as they do.
+#[derive(Clone)]
+pub enum SharedBytes {
+    #[cfg(not(target_arch = "wasm32"))]
+    Mapped(Arc<memmap2::Mmap>),
+    Owned(Arc<[u8]>),
+}
+
+impl SharedBytes {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            #[cfg(not(target_arch = "wasm32"))]
+            SharedBytes::Mapped(map) => map,
+            SharedBytes::Owned(bytes) => bytes,
+        }
+    }
 }
 
 impl FileData {
@@ -24,7 +44,7 @@ impl FileData {
     pub fn map(path: &std::path::Path) -> std::io::Result<Self> {
         let file = std::fs::File::open(path)?;
         // SAFETY: model files are read-only inputs; tally never writes to a mapped file.
-        Ok(FileData::Mapped(unsafe { memmap2::Mmap::map(&file) }?))
+        Ok(FileData::Mapped(Arc::new(unsafe { memmap2::Mmap::map(&file) }?)))
     }
 
     pub fn len(&self) -> usize {
@@ -42,6 +62,16 @@ impl FileData {
             #[cfg(not(target_arch = "wasm32"))]
             FileData::Mapped(map) => Some(map),
             FileData::Owned(bytes) => Some(bytes),
+            FileData::Ranged(_) => None,
+        }
+    }
+
+    /// The whole file, shared, where it is in this process's memory.
+    pub fn shared(&self) -> Option<SharedBytes> {
+        match self {
+            #[cfg(not(target_arch = "wasm32"))]
+            FileData::Mapped(map) => Some(SharedBytes::Mapped(Arc::clone(map))),
+            FileData::Owned(bytes) => Some(SharedBytes::Owned(Arc::clone(bytes))),
             FileData::Ranged(_) => None,
         }
     }
@@ -77,7 +107,7 @@ pub(crate) mod tests {
     #[test]
     fn ranges_read_the_same_in_memory_and_remote() {
         let bytes: Vec<u8> = (0..=255).collect();
-        let owned = FileData::Owned(bytes.clone());
+        let owned = FileData::Owned(bytes.clone().into());
         let remote = FileData::Ranged(Box::new(Remote(bytes)));
         for range in [0..0, 0..256, 10..20, 255..256] {
             assert_eq!(owned.get(range.clone()), remote.get(range));

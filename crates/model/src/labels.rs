@@ -34,13 +34,14 @@ impl LabelTable {
         Tensor::from_data(TensorData::new(ids, [self.rows, self.width]), device)
     }
 
-    /// The distinct label ids `[d]`, and where each row's labels sit among them `[rows, width]`.
-    pub(crate) fn distinct_and_columns<B: Backend>(&self, device: &B::Device) -> (Tensor<B, 1, Int>, Tensor<B, 2, Int>) {
+    /// The distinct label ids, sorted.
+    pub(crate) fn distinct(&self) -> &[u32] {
+        &self.distinct
+    }
+
+    /// Where each row's labels sit among [`Self::distinct`], `[rows, width]`.
+    pub(crate) fn columns<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2, Int> {
         let columns: Vec<i64> = self.ids.iter().map(|id| self.distinct.binary_search(id).expect("every id is distinct's") as i64).collect();
-        let distinct: Vec<i64> = self.distinct.iter().map(|&id| id as i64).collect();
-        (
-            Tensor::from_data(TensorData::new(distinct, [self.distinct.len()]), device),
-            Tensor::from_data(TensorData::new(columns, [self.rows, self.width]), device),
-        )
+        Tensor::from_data(TensorData::new(columns, [self.rows, self.width]), device)
     }
 }

@@ -21,6 +21,7 @@
 
 pub mod attention;
 pub mod backend;
+pub mod blocks;
 pub mod config;
 pub mod decoder;
 pub mod elementwise;
@@ -38,6 +39,7 @@ mod rope;
 pub mod route;
 pub mod source;
 pub mod tensor_names;
+pub mod weight;
 pub mod weights;
 
 pub use backend::{PlannedAttention, ScoringBackend};

@@ -4,8 +4,9 @@
 
 use burn::tensor::Tensor;
 
+use crate::backend::ScoringBackend;
 use crate::labels::LabelTable;
-use crate::matmul::Matmul;
+use crate::weight::TokenTable;
 
 /// Vocabulary rows per chunk of the streamed log-sum-exp: `[rows, chunk]` logits at a time.
 pub const VOCAB_CHUNK: usize = 16_384;
@@ -13,24 +14,25 @@ pub const VOCAB_CHUNK: usize = 16_384;
 /// Logits of each row's labels, `[rows, width]`. `hidden`: `[rows, hidden]`; `head`: `[vocab, hidden]`.
 /// The pass's distinct label rows of the head are gathered once and multiplied in one matmul:
 /// memory `rows × distinct + distinct × hidden`, never `rows × width × hidden`.
-pub fn label_logits<B: Matmul>(hidden: Tensor<B, 2>, head: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
-    let (distinct, columns) = labels.distinct_and_columns::<B>(&hidden.device());
-    B::matmul(hidden, head.select(0, distinct).transpose()).gather(1, columns)
+pub fn label_logits<B: ScoringBackend>(hidden: Tensor<B, 2>, head: &TokenTable<B>, labels: &LabelTable) -> Tensor<B, 2> {
+    let device = hidden.device();
+    let label_rows = head.rows(labels.distinct(), &device);
+    B::matmul(hidden, label_rows.transpose()).gather(1, labels.columns::<B>(&device))
 }
 
 /// Full-vocabulary log-probabilities of each row's labels, `[rows, width]`.
-pub fn label_logprobs<B: Matmul>(hidden: Tensor<B, 2>, head: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
-    let log_normalizer = log_normalizer(hidden.clone(), head.clone());
+pub fn label_logprobs<B: ScoringBackend>(hidden: Tensor<B, 2>, head: &TokenTable<B>, labels: &LabelTable) -> Tensor<B, 2> {
+    let log_normalizer = log_normalizer(hidden.clone(), head);
     label_logits(hidden, head, labels) - log_normalizer
 }
 
 /// `log Σ_v exp(logit_v)` per row, `[rows, 1]`, one vocabulary chunk at a time.
-fn log_normalizer<B: Matmul>(hidden: Tensor<B, 2>, head: Tensor<B, 2>) -> Tensor<B, 2> {
-    let vocab = head.dims()[0];
+fn log_normalizer<B: ScoringBackend>(hidden: Tensor<B, 2>, head: &TokenTable<B>) -> Tensor<B, 2> {
+    let vocab = head.vocab();
     let mut running: Option<(Tensor<B, 2>, Tensor<B, 2>)> = None; // (max, Σ exp(logit − max))
     for start in (0..vocab).step_by(VOCAB_CHUNK) {
         let chunk = VOCAB_CHUNK.min(vocab - start);
-        let logits = B::matmul(hidden.clone(), head.clone().narrow(0, start, chunk).transpose());
+        let logits = head.logits(hidden.clone(), start..start + chunk);
         let chunk_max = logits.clone().max_dim(1);
         running = Some(match running {
             None => (chunk_max.clone(), (logits - chunk_max).exp().sum_dim(1)),
@@ -64,7 +66,7 @@ mod tests {
         let table = LabelTable::new(&rows);
         let got = label_logits::<Cpu>(
             Tensor::from_data(TensorData::new(hidden.clone(), [2, size]), &device),
-            Tensor::from_data(TensorData::new(head.clone(), [vocab, size]), &device),
+            &TokenTable::Float(Tensor::from_data(TensorData::new(head.clone(), [vocab, size]), &device)),
             &table,
         );
         let got = got.into_data().to_vec::<f32>().unwrap();

@@ -79,7 +79,7 @@ fn tensor(shape: Vec<usize>, mut value: impl FnMut() -> f64) -> Bf16Tensor {
 pub fn random_model(config: &ModelConfig, seed: u64) -> Result<OpenedModel, WriteError> {
     let weights = random_weights(config, seed);
     let bytes = safetensors::serialize(weights.iter().map(|(n, t)| (n.as_str(), t)), None)?;
-    let checkpoint = Checkpoint::from_data(vec![("model.safetensors".to_owned(), FileData::Owned(bytes))])?;
+    let checkpoint = Checkpoint::from_data(vec![("model.safetensors".to_owned(), FileData::Owned(bytes.into()))])?;
     Ok(OpenedModel { config: config.clone(), weights: Box::new(checkpoint), tokenizer: TokenizerSource::None })
 }
 

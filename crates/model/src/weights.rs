@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use safetensors::{tensor::Metadata, Dtype, SafeTensors};
 
+use crate::blocks::BlockRows;
 use crate::file_data::FileData;
 use crate::tensor_names::TensorName;
 
@@ -32,6 +33,13 @@ pub enum WeightsError {
 pub trait TensorSource {
     /// The tensor `name` after checking that its shape is `expected` (Hugging Face's).
     fn read(&self, name: TensorName, expected: &[usize]) -> Result<Vec<f32>, WeightsError>;
+
+    /// The matrix `name` (`expected`: `[rows, cols]`) as the file stores it, rows in Hugging
+    /// Face's order, for backends that multiply stored blocks ([`crate::blocks`]); `None` where
+    /// it is float32 or the file is not in memory. Default: none.
+    fn read_blocks(&self, _name: TensorName, _expected: [usize; 2]) -> Result<Option<BlockRows>, WeightsError> {
+        Ok(None)
+    }
 }
 
 struct Shard {
@@ -172,7 +180,7 @@ mod tests {
 
     #[test]
     fn a_file_outside_memory_reads_like_one_in_it() {
-        let owned = Checkpoint::from_data(vec![("in-memory".into(), FileData::Owned(file()))]).unwrap();
+        let owned = Checkpoint::from_data(vec![("in-memory".into(), FileData::Owned(file().into()))]).unwrap();
         let remote = Checkpoint::from_data(vec![("remote".into(), FileData::Ranged(Box::new(Remote(file()))))]).unwrap();
         for checkpoint in [owned, remote] {
             assert_eq!(checkpoint.read(TensorName::Embeddings, &[2, 3]).unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);

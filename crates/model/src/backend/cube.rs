@@ -7,7 +7,7 @@ use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, 
 use burn_ir::{InitOperationIr, OperationIr};
 use tally_shaders::{add_rms_norm, chosen_matmul, norm_rope, routes_to_block, silu_mul, cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
-use super::{PlannedAttention, ScoringBackend};
+use super::{NoBlockKernels, PlannedAttention, ScoringBackend};
 use crate::attention::PaddedPlan;
 use crate::kv::PrefixKv;
 use crate::labels::LabelTable;
@@ -23,6 +23,9 @@ where
     I: IntElement,
     BT: BoolElement,
 {
+    /// No block kernels yet: GGUF blocks and 16-bit weights are dequantised to float at load.
+    type BlockWeight = NoBlockKernels;
+
     /// Every route has its kernel here.
     fn routes(requested: Routes) -> Routes {
         requested
@@ -136,6 +139,8 @@ where
 /// Through fusion: settle the inputs, run the inner backend's kernels, hand the result back to
 /// the fusion stream as a fresh tensor.
 impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
+    type BlockWeight = NoBlockKernels;
+
     fn routes(requested: Routes) -> Routes {
         B::routes(requested)
     }

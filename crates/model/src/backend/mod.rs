@@ -10,9 +10,12 @@ mod cube;
 #[cfg(feature = "ndarray")]
 mod ndarray;
 
+use std::ops::Range;
+
 use burn::tensor::{backend::Backend, Tensor};
 
 use crate::attention::{self, PaddedPlan};
+use crate::blocks::BlockMatrix;
 use crate::elementwise;
 use crate::kv::PrefixKv;
 use crate::labels::LabelTable;
@@ -20,9 +23,47 @@ use crate::layout::ItemLayout;
 use crate::lm_head;
 use crate::matmul::Matmul;
 use crate::route::{AttentionRoute, Routes};
+use crate::weight::TokenTable;
+
+/// A weight matrix kept in its file's format, as a backend holds it ([`ScoringBackend::BlockWeight`]).
+pub trait BlockWeight: Clone + Send + Sync + 'static {
+    fn rows(&self) -> usize;
+}
+
+/// The block weight of a backend without block kernels: never made.
+#[derive(Clone, Debug)]
+pub enum NoBlockKernels {}
+
+impl BlockWeight for NoBlockKernels {
+    fn rows(&self) -> usize {
+        match *self {}
+    }
+}
 
 /// A Burn backend tally can score on.
 pub trait ScoringBackend: Matmul {
+    /// Weight matrices as this backend multiplies them from their file's blocks
+    /// ([`NoBlockKernels`] where it does not).
+    type BlockWeight: BlockWeight;
+
+    /// `matrix` as this backend multiplies it, or `None` where it has no block kernels: the
+    /// loader then dequantises the tensor to float. Default: none.
+    fn block_weight(_matrix: BlockMatrix, _device: &Self::Device) -> Option<Self::BlockWeight> {
+        None
+    }
+
+    /// `x · w[rows]ᵀ`: `[m, in]` → `[m, rows.len()]`. Only called with weights
+    /// [`Self::block_weight`] made.
+    fn block_matmul(_x: Tensor<Self, 2>, _w: &Self::BlockWeight, _rows: Range<usize>) -> Tensor<Self, 2> {
+        unreachable!("a backend without block weights is never asked to multiply one")
+    }
+
+    /// Rows `ids` of `w` as float, `[ids.len(), in]`. Only called with weights
+    /// [`Self::block_weight`] made.
+    fn block_rows(_w: &Self::BlockWeight, _ids: &[u32], _device: &Self::Device) -> Tensor<Self, 2> {
+        unreachable!("a backend without block weights is never asked to read one")
+    }
+
     /// The routes this backend runs when `requested` is asked for: its kernels where it has
     /// them, plain Burn ops where it has none. Asked once, when the routes are set; the decoder
     /// then follows the answer. Default: plain Burn ops everywhere.
@@ -69,7 +110,7 @@ pub trait ScoringBackend: Matmul {
 
     /// Full-vocabulary log-probabilities of each row's labels: see [`lm_head::label_logprobs`].
     fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {
-        lm_head::label_logprobs(hidden, head, labels)
+        lm_head::label_logprobs(hidden, &TokenTable::Float(head), labels)
     }
 }
 

@@ -1,13 +1,17 @@
-//! The decoder's weights from a checkpoint: each tensor by [`TensorName`], each Linear transposed
-//! to `[in, out]`, q/k/v and gate/up fused into one matrix each, and copied to the device.
+//! The decoder's weights from a checkpoint: each tensor by [`TensorName`], q/k/v and gate/up fused
+//! into one matrix each; kept as the file stores them where the backend multiplies that
+//! ([`ScoringBackend::block_weight`]), else dequantised, each Linear transposed to `[in, out]`,
+//! and copied to the device.
 
 use burn::tensor::{Tensor, TensorData};
 
 use super::{DecoderLayer, DecoderModel};
 use crate::backend::ScoringBackend;
+use crate::blocks::BlockMatrix;
 use crate::config::ModelConfig;
 use crate::route::Routes;
 use crate::tensor_names::{LayerTensor, TensorName};
+use crate::weight::{Linear, TokenTable};
 use crate::weights::{TensorSource, WeightsError};
 
 impl<B: ScoringBackend> DecoderModel<B> {
@@ -23,14 +27,35 @@ impl<B: ScoringBackend> DecoderModel<B> {
         let matrix = |name: TensorName, rows: usize, cols: usize| -> Result<Tensor<B, 2>, WeightsError> {
             Ok(Tensor::from_data(TensorData::new(weights.read(name, &[rows, cols])?, [rows, cols]), device))
         };
-        // HF stores Linear weights as [out, in]; tally multiplies `x · W` with W as [in, out].
-        let linear = |names: &[(TensorName, usize)], inputs: usize| -> Result<Tensor<B, 2>, WeightsError> {
+        // The matrices `names` (`[rows, cols]` each) stacked, as the backend multiplies them
+        // from the file's blocks: `None` where it does not, or one of them is float32.
+        let blocks = |names: &[(TensorName, usize)], cols: usize| -> Result<Option<B::BlockWeight>, WeightsError> {
+            let mut segments = Vec::with_capacity(names.len());
+            for &(name, rows) in names {
+                match weights.read_blocks(name, [rows, cols])? {
+                    Some(segment) => segments.push(segment),
+                    None => return Ok(None),
+                }
+            }
+            Ok(BlockMatrix::new(cols, segments).and_then(|matrix| B::block_weight(matrix, device)))
+        };
+        // HF stores Linear weights as [out, in]; as float, tally multiplies `x · W` with W as [in, out].
+        let linear = |names: &[(TensorName, usize)], inputs: usize| -> Result<Linear<B>, WeightsError> {
+            if let Some(stored) = blocks(names, inputs)? {
+                return Ok(Linear::Blocks(stored));
+            }
             let mut stacked = Vec::new();
             for &(name, outputs) in names {
                 stacked.extend(weights.read(name, &[outputs, inputs])?);
             }
             let outputs: usize = names.iter().map(|(_, rows)| rows).sum();
-            Ok(Tensor::from_data(TensorData::new(transpose(&stacked, outputs, inputs), [inputs, outputs]), device))
+            Ok(Linear::Float(Tensor::from_data(TensorData::new(transpose(&stacked, outputs, inputs), [inputs, outputs]), device)))
+        };
+        let token_table = |name: TensorName| -> Result<TokenTable<B>, WeightsError> {
+            Ok(match blocks(&[(name, c.vocab_size)], hidden)? {
+                Some(stored) => TokenTable::Blocks(stored),
+                None => TokenTable::Float(matrix(name, c.vocab_size, hidden)?),
+            })
         };
 
         let q_width = c.num_attention_heads * head_dim;
@@ -77,9 +102,10 @@ impl<B: ScoringBackend> DecoderModel<B> {
             .collect::<Result<Vec<_>, WeightsError>>()?;
 
         // Some checkpoints ship `lm_head.weight` even when tied; the config decides.
-        let lm_head = if c.tie_word_embeddings { None } else { Some(matrix(TensorName::LmHead, c.vocab_size, hidden)?) };
+        let lm_head = if c.tie_word_embeddings { None } else { Some(token_table(TensorName::LmHead)?) };
         let model = DecoderModel {
-            embed_tokens: matrix(TensorName::Embeddings, c.vocab_size, hidden)?,
+            device: device.clone(),
+            embed_tokens: token_table(TensorName::Embeddings)?,
             final_norm: vector(TensorName::FinalNorm, hidden)?,
             layers,
             lm_head,

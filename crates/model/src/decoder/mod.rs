@@ -8,7 +8,7 @@ mod load;
 
 use std::marker::PhantomData;
 
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 
 use crate::backend::ScoringBackend;
 use crate::config::ModelConfig;
@@ -20,32 +20,34 @@ use crate::lm_head;
 use crate::query_kv::{ItemGroup, QueryBatch, QueryKv, PREFILL_CHUNK};
 use crate::rope::Rope;
 use crate::route::{ElementwiseRoute, LabelRoute, Routes};
+use crate::weight::{Linear, TokenTable};
 
-pub struct DecoderModel<B: Backend> {
+pub struct DecoderModel<B: ScoringBackend> {
     config: ModelConfig,
-    /// `[vocab, hidden]`; also the LM head when embeddings are tied.
-    embed_tokens: Tensor<B, 2>,
+    device: B::Device,
+    /// Also the LM head when embeddings are tied.
+    embed_tokens: TokenTable<B>,
     layers: Vec<DecoderLayer<B>>,
     final_norm: Tensor<B, 1>,
-    /// `[vocab, hidden]`, `None` when tied to `embed_tokens`.
-    lm_head: Option<Tensor<B, 2>>,
+    /// `None` when tied to `embed_tokens`.
+    lm_head: Option<TokenTable<B>>,
     /// What runs each hot path, as the backend answered for the routes asked.
     routes: Routes,
 }
 
-struct DecoderLayer<B: Backend> {
+struct DecoderLayer<B: ScoringBackend> {
     input_norm: Tensor<B, 1>,
-    /// q, k and v projections fused: `[hidden, (q_heads + 2·kv_heads)·head_dim]`.
-    qkv_proj: Tensor<B, 2>,
+    /// q, k and v projections fused: `hidden` → `(q_heads + 2·kv_heads)·head_dim`.
+    qkv_proj: Linear<B>,
     /// Their biases, fused likewise (Qwen2).
     qkv_bias: Option<Tensor<B, 1>>,
     /// Per-head RMSNorm gains of queries and keys (Qwen3).
     qk_norm: Option<(Tensor<B, 1>, Tensor<B, 1>)>,
-    o_proj: Tensor<B, 2>,
+    o_proj: Linear<B>,
     post_attention_norm: Tensor<B, 1>,
-    /// gate and up projections fused: `[hidden, 2·intermediate]`.
-    gate_up_proj: Tensor<B, 2>,
-    down_proj: Tensor<B, 2>,
+    /// gate and up projections fused: `hidden` → `2·intermediate`.
+    gate_up_proj: Linear<B>,
+    down_proj: Linear<B>,
 }
 
 impl<B: ScoringBackend> DecoderModel<B> {
@@ -64,7 +66,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
     }
 
     pub fn device(&self) -> B::Device {
-        self.embed_tokens.device()
+        self.device.clone()
     }
 
     /// Device bytes one padded item token of a pass needs at a layer's widest point: the
@@ -75,7 +77,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
         let c = &self.config;
         let (q_width, kv_width) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
         let elements = 2 * c.hidden_size + (q_width + 2 * kv_width) + q_width + 3 * c.intermediate_size + lm_head::VOCAB_CHUNK;
-        2 * (elements * self.embed_tokens.dtype().size()) as u64
+        2 * (elements * self.final_norm.dtype().size()) as u64
     }
 
     /// A query of length zero: items then attend only to themselves (used for `item_first`).
@@ -143,14 +145,14 @@ impl<B: ScoringBackend> DecoderModel<B> {
 
     /// Full-vocabulary log-probabilities of each row's labels, `[rows, labels.width()]`.
     pub fn label_logprobs(&self, hidden: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
-        match self.routes.labels {
-            LabelRoute::Kernel => B::label_logprobs(hidden, self.head(), labels),
-            LabelRoute::Burn => lm_head::label_logprobs(hidden, self.head(), labels),
+        match (self.routes.labels, self.head().as_float()) {
+            (LabelRoute::Kernel, Some(head)) => B::label_logprobs(hidden, head.clone(), labels),
+            _ => lm_head::label_logprobs(hidden, self.head(), labels),
         }
     }
 
-    fn head(&self) -> Tensor<B, 2> {
-        self.lm_head.as_ref().unwrap_or(&self.embed_tokens).clone()
+    fn head(&self) -> &TokenTable<B> {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
 
     /// Runs the packed tokens of `layout` through all layers; returns `[tokens, hidden]`.
@@ -160,9 +162,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
         let c = &self.config;
         let device = self.device();
         let count = tokens.len();
-        let ids: Vec<i64> = tokens.iter().map(|&id| id as i64).collect();
-        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [count]), &device);
-        let mut x = self.embed_tokens.clone().select(0, ids);
+        let mut x = self.embed_tokens.rows(tokens, &device);
         // Planned once for the pass, read by every layer (FlashInfer's plan/run split): RoPE
         // tables for the items' positions, and the attention's tiles or gathers.
         let rope = Rope::new(&layout.positions(), &c.rope.inverse_frequencies(c.head_dim), &device);
@@ -177,7 +177,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
         for (index, layer) in self.layers.iter().enumerate() {
             let (residual, h) = steps.add_rms_norm(x, pending.take(), &layer.input_norm);
             x = residual;
-            let mut qkv = B::matmul(h, layer.qkv_proj.clone());
+            let mut qkv = layer.qkv_proj.forward(h);
             if let Some(bias) = &layer.qkv_bias {
                 qkv = qkv + bias.clone().unsqueeze::<2>();
             }
@@ -191,12 +191,12 @@ impl<B: ScoringBackend> DecoderModel<B> {
                 kept.push(PrefixKv { keys: k.clone().swap_dims(0, 1), values: v.clone().swap_dims(0, 1) });
             }
             let attended = attention.run(q, k, v, queries.joined(index));
-            let attention_out = B::matmul(attended.reshape([count, q_width]), layer.o_proj.clone());
+            let attention_out = layer.o_proj.forward(attended.reshape([count, q_width]));
 
             let (residual, h) = steps.add_rms_norm(x, Some(attention_out), &layer.post_attention_norm);
             x = residual;
-            let gate_up = B::matmul(h, layer.gate_up_proj.clone());
-            pending = Some(B::matmul(steps.silu_mul(gate_up), layer.down_proj.clone()));
+            let gate_up = layer.gate_up_proj.forward(h);
+            pending = Some(layer.down_proj.forward(steps.silu_mul(gate_up)));
         }
         match pending {
             Some(mlp_out) => x + mlp_out,

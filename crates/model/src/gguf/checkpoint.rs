@@ -1,7 +1,8 @@
 //! A GGUF file as a tally checkpoint: the architecture from its metadata, its tensors by their
 //! GGUF names (dequantised, Llama's q/k rows un-permuted), and its tokenizer vocabulary.
 
-use super::{GgufError, GgufFile};
+use super::{GgufError, GgufFile, TensorInfo};
+use crate::blocks::BlockRows;
 use crate::config::{Family, ModelConfig, RopeConfig, RopeScaling};
 use crate::tensor_names::{LayerTensor, TensorName};
 use crate::weights::{TensorSource, WeightsError};
@@ -66,8 +67,9 @@ impl GgufCheckpoint {
     }
 }
 
-impl TensorSource for GgufCheckpoint {
-    fn read(&self, name: TensorName, expected: &[usize]) -> Result<Vec<f32>, WeightsError> {
+impl GgufCheckpoint {
+    /// The tensor `name`, its shape checked against `expected` (Hugging Face's).
+    fn tensor(&self, name: TensorName, expected: &[usize]) -> Result<&TensorInfo, WeightsError> {
         let gguf_name = name.gguf();
         let missing = || WeightsError::MissingTensor { name: format!("{gguf_name} ({name})") };
         let info = self.file.tensor(&gguf_name).ok_or_else(missing)?;
@@ -76,36 +78,61 @@ impl TensorSource for GgufCheckpoint {
         if shape != expected && !(expected.len() == 1 && info.elements() == expected[0] && shape.len() <= 2) {
             return Err(WeightsError::Shape { name: gguf_name, path: self.file.path().to_owned(), found: shape, expected: expected.to_vec() });
         }
-        let values = self.file.read_f32(info);
-        // convert_hf_to_gguf permutes Llama's q/k rows for ggml's interleaved RoPE; tally
-        // rotates halves as transformers does, so the permutation is undone.
+        Ok(info)
+    }
+
+    /// Where Hugging Face's row `r` of `name` is stored: convert_hf_to_gguf permutes Llama's q/k
+    /// rows for ggml's interleaved RoPE; tally rotates halves as transformers does, so the
+    /// permutation is undone. `None`: in order.
+    fn stored_row_order(&self, name: TensorName, rows: usize) -> Option<Vec<u32>> {
         let heads = match name {
-            _ if self.config.family != Family::Llama => None,
-            TensorName::Layer { tensor: LayerTensor::QProj, .. } => Some(self.config.num_attention_heads),
-            TensorName::Layer { tensor: LayerTensor::KProj, .. } => Some(self.config.num_key_value_heads),
-            _ => None,
+            _ if self.config.family != Family::Llama => return None,
+            TensorName::Layer { tensor: LayerTensor::QProj, .. } => self.config.num_attention_heads,
+            TensorName::Layer { tensor: LayerTensor::KProj, .. } => self.config.num_key_value_heads,
+            _ => return None,
         };
-        Ok(match heads {
-            Some(heads) => unpermute_rows(&values, heads, expected[0] / heads, values.len() / expected[0]),
-            None => values,
-        })
+        Some(unpermuted_order(heads, rows / heads))
     }
 }
 
-/// Inverse of llama.cpp's q/k permutation: GGUF row `h·d + 2j + s` is HF row `h·d + s·d/2 + j`.
-fn unpermute_rows(values: &[f32], heads: usize, head_dim: usize, width: usize) -> Vec<f32> {
-    let half = head_dim / 2;
-    let mut out = vec![0.0; values.len()];
-    for h in 0..heads {
-        for j in 0..half {
-            for s in 0..2 {
-                let from = (h * head_dim + 2 * j + s) * width;
-                let to = (h * head_dim + s * half + j) * width;
-                out[to..to + width].copy_from_slice(&values[from..from + width]);
-            }
-        }
+impl TensorSource for GgufCheckpoint {
+    fn read(&self, name: TensorName, expected: &[usize]) -> Result<Vec<f32>, WeightsError> {
+        let values = self.file.read_f32(self.tensor(name, expected)?);
+        Ok(match self.stored_row_order(name, expected[0]) {
+            Some(order) => rows_in_order(&values, &order),
+            None => values,
+        })
     }
-    out
+
+    fn read_blocks(&self, name: TensorName, expected: [usize; 2]) -> Result<Option<BlockRows>, WeightsError> {
+        let info = self.tensor(name, &expected)?;
+        let Some(rows) = self.file.stored_bytes(info).and_then(|bytes| BlockRows::new(info.kind, bytes, expected[0])) else {
+            return Ok(None);
+        };
+        Ok(Some(match self.stored_row_order(name, expected[0]) {
+            Some(order) => rows.reordered(order),
+            None => rows,
+        }))
+    }
+}
+
+/// Row `r` of the result is row `order[r]` of `values` (`order.len()` rows).
+fn rows_in_order(values: &[f32], order: &[u32]) -> Vec<f32> {
+    let width = values.len() / order.len();
+    order.iter().flat_map(|&stored| &values[stored as usize * width..(stored as usize + 1) * width]).copied().collect()
+}
+
+/// Llama's q/k rows as GGUF stores them: HF row `h·d + s·d/2 + j` is stored row `h·d + 2j + s`
+/// (`heads` heads of `head_dim` rows).
+fn unpermuted_order(heads: usize, head_dim: usize) -> Vec<u32> {
+    let half = head_dim / 2;
+    (0..heads * head_dim)
+        .map(|row| {
+            let (h, within) = (row / head_dim, row % head_dim);
+            let (s, j) = (within / half, within % half);
+            (h * head_dim + 2 * j + s) as u32
+        })
+        .collect()
 }
 
 fn config_from_metadata(f: &GgufFile) -> Result<ModelConfig, GgufError> {
@@ -187,6 +214,6 @@ mod tests {
             }
         }
         assert_ne!(permuted, hf);
-        assert_eq!(unpermute_rows(&permuted, heads, head_dim, width), hf);
+        assert_eq!(rows_in_order(&permuted, &unpermuted_order(heads, head_dim)), hf);
     }
 }

@@ -13,6 +13,7 @@ pub mod tokenizer;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use crate::blocks::BlockBytes;
 use crate::file_data::FileData;
 
 pub use checkpoint::GgufCheckpoint;
@@ -118,6 +119,12 @@ impl GgufFile {
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.get(name)
+    }
+
+    /// The tensor's bytes as they are stored, where the file is in memory (natively mapped);
+    /// `None` where it is read a range at a time (the browser).
+    pub fn stored_bytes(&self, info: &TensorInfo) -> Option<BlockBytes> {
+        Some(BlockBytes::File { file: self.map.shared()?, range: info.start..info.start + info.len })
     }
 
     /// The tensor's elements as f32, dequantised, in storage order.

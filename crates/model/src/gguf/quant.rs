@@ -83,7 +83,7 @@ impl TensorType {
     }
 
     /// (values per block, bytes per block); `None` for types tally does not know.
-    fn block(self) -> Option<(usize, usize)> {
+    pub fn block(self) -> Option<(usize, usize)> {
         Some(match self {
             TensorType::F32 => (1, 4),
             TensorType::F16 | TensorType::BF16 => (1, 2),
@@ -108,9 +108,17 @@ impl TensorType {
     /// `elements` values from `bytes` (exactly [`Self::byte_len`] long); `None` for an
     /// unsupported type.
     pub fn dequantize(self, bytes: &[u8], elements: usize) -> Option<Vec<f32>> {
-        let (values, size) = self.block()?;
+        self.block()?;
         debug_assert_eq!(Some(bytes.len()), self.byte_len(elements));
         let mut out = vec![0f32; elements];
+        self.dequantize_into(bytes, &mut out);
+        Some(out)
+    }
+
+    /// `out.len()` values (whole blocks) from `bytes`, as [`Self::dequantize`] gives them; a
+    /// row at a time for the block kernels. Panics for a type tally does not know.
+    pub fn dequantize_into(self, bytes: &[u8], out: &mut [f32]) {
+        let (values, size) = self.block().expect("a type tally dequantises");
         let blocks = bytes.chunks_exact(size).zip(out.chunks_exact_mut(values));
         match self {
             TensorType::F32 => blocks.for_each(|(b, y)| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
@@ -131,7 +139,6 @@ impl TensorType {
             TensorType::Q6K => blocks.for_each(|(b, y)| q6_k(b, y)),
             TensorType::Other(_) => unreachable!("block() is None"),
         }
-        Some(out)
     }
 }
 
