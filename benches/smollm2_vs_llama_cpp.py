@@ -8,7 +8,9 @@ Workload: a 200-token query, 100 items of 10 tokens, 2 labels; a fresh random qu
 - llama.cpp (PyPI `xllamacpp`), its best path for this: the query evaluated once with the prompt
   cache on, then each item sent as a continuation of the cached query (`cache_prompt`), one
   next-token distribution per item (`n_probs`).
-Reports items/s (median over requests, after one warm-up each) and the ratio; writes JSON.
+Reports items/s (median over requests, after one warm-up each) and the ratio, and each side's peak
+resident memory (tally: the server process's VmHWM; llama.cpp: a child process of its own, beside
+the same child importing xllamacpp without a model, Python's share); writes JSON.
 
 Usage: python3 benches/smollm2_vs_llama_cpp.py [--tally target/release/tally] [--requests 5]
        [--out benches/results/smollm2-vs-llama-cpp-cpu.json]   (needs xllamacpp)
@@ -66,13 +68,37 @@ def time_tally(binary, model, requests, rng):
             assert len(reply["scores"]) == ITEMS
             if i > 0:
                 seconds.append(time.perf_counter() - start)
-        return seconds
+        return seconds, peak_mib(server.pid)
     finally:
         server.terminate()
         server.wait()
 
 
-def time_llama_cpp(model, requests, rng):
+def peak_mib(pid):
+    """A live process's peak resident memory (VmHWM), MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")) / 1024
+
+
+def in_child(job, *args):
+    """`job(*args)` in a fresh child process: its result and the child's peak resident MiB."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
+        return pool.apply(with_peak, (job, *args))
+
+
+def with_peak(job, *args):
+    return job(*args), peak_mib(os.getpid())
+
+
+def python_baseline():
+    """What a child that imports xllamacpp and loads nothing holds (counted in llama.cpp's peak)."""
+    return xllamacpp.__version__
+
+
+def time_llama_cpp(model, requests, seed):
+    rng = random.Random(seed)
     params = xllamacpp.CommonParams()
     params.model.path = model
     params.n_ctx = 4096
@@ -108,21 +134,27 @@ def main():
     args = parser.parse_args()
     model = subprocess.run([str(REPO / "scripts" / "fetch-smollm2.sh")], check=True, capture_output=True, text=True).stdout.strip()
 
-    tally = time_tally(args.tally, model, args.requests, random.Random(1))
-    llama = time_llama_cpp(model, args.requests, random.Random(1))
+    tally, tally_peak = time_tally(args.tally, model, args.requests, random.Random(1))
+    _, baseline_peak = in_child(python_baseline)
+    llama, llama_peak = in_child(time_llama_cpp, model, args.requests, 1)
     rate = lambda seconds: ITEMS / statistics.median(seconds)
     result = {
         "benchmark": "SmolLM2-135M-Instruct Q4_1, multi-item scoring",
         "workload": {"query_tokens": QUERY_TOKENS, "items": ITEMS, "item_tokens": ITEM_TOKENS, "labels": len(LABELS),
                      "requests": args.requests},
         "machine": f"{cpu_name()} ({THREADS} threads)",
-        "tally": {"path": "tally serve --backend cpu, one /v1/score request", "items_per_s": rate(tally), "seconds": tally},
+        "model_file_mib": Path(model).stat().st_size / 2**20,
+        "tally": {"path": "tally serve --backend cpu, one /v1/score request", "items_per_s": rate(tally), "seconds": tally,
+                  "peak_rss_mib": tally_peak},
         "llama_cpp": {"path": "xllamacpp: query cached once, each item a continuation (cache_prompt)",
-                      "version": xllamacpp.__version__, "items_per_s": rate(llama), "seconds": llama},
+                      "version": xllamacpp.__version__, "items_per_s": rate(llama), "seconds": llama,
+                      "peak_rss_mib": llama_peak, "peak_rss_mib_of_python_importing_xllamacpp": baseline_peak},
         "tally_over_llama_cpp": rate(tally) / rate(llama),
+        "tally_peak_over_llama_cpp_peak": tally_peak / llama_peak,
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"tally {rate(tally):.1f} items/s, llama.cpp {rate(llama):.1f} items/s: {result['tally_over_llama_cpp']:.2f}x")
+    print(f"tally {rate(tally):.1f} items/s, llama.cpp {rate(llama):.1f} items/s: {result['tally_over_llama_cpp']:.2f}x; "
+          f"peak memory tally {tally_peak:.0f} MiB, llama.cpp {llama_peak:.0f} MiB (Python alone {baseline_peak:.0f})")
 
 
 if __name__ == "__main__":
