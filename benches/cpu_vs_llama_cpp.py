@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Multi-item scoring on the real SmolLM2-135M-Instruct (Q4_1 GGUF), tally against llama.cpp, in
-the same run on the same CPU threads.
+"""Multi-item scoring on a GGUF file — by default the real SmolLM2-135M-Instruct (Q4_1) — tally
+against llama.cpp, in the same run on the same CPU threads.
 
 Workload: a 200-token query, 100 items of 10 tokens, 2 labels; a fresh random query per request
 (no cross-request cache helps either side).
@@ -12,8 +12,9 @@ Reports items/s (median over requests, after one warm-up each) and the ratio, an
 resident memory (tally: the server process's VmHWM; llama.cpp: a child process of its own, beside
 the same child importing xllamacpp without a model, Python's share); writes JSON.
 
-Usage: python3 benches/smollm2_vs_llama_cpp.py [--tally target/release/tally] [--requests 5]
-       [--out benches/results/smollm2-vs-llama-cpp-cpu.json]   (needs xllamacpp)
+Usage: python3 benches/cpu_vs_llama_cpp.py [--tally target/release/tally] [--requests 5]
+       [--model F.gguf --vocab N --labels A,B] [--out benches/results/smollm2-vs-llama-cpp-cpu.json]
+       (needs xllamacpp; a Qwen3-0.6B-shaped Q8_0 file: benches/make_gguf.py)
 """
 
 import argparse
@@ -32,12 +33,14 @@ import xllamacpp
 
 REPO = Path(__file__).resolve().parent.parent
 QUERY_TOKENS, ITEMS, ITEM_TOKENS = 200, 100, 10
-LABELS = [9230, 2838]  # " Yes", " No"
 THREADS = os.cpu_count()
+# Set from the command line (SmolLM2's by default): label ids, and the range random ids come from.
+LABELS = [9230, 2838]  # SmolLM2's " Yes", " No"
+TOKEN_IDS = range(17, 49152)  # SmolLM2: ids 0-16 are control tokens
 
 
 def workload(rng):
-    ids = lambda n: [rng.randrange(17, 49152) for _ in range(n)]  # ids 0-16 are control tokens
+    ids = lambda n: [rng.randrange(TOKEN_IDS.start, TOKEN_IDS.stop) for _ in range(n)]
     return ids(QUERY_TOKENS), [ids(ITEM_TOKENS) for _ in range(ITEMS)]
 
 
@@ -97,7 +100,9 @@ def python_baseline():
     return xllamacpp.__version__
 
 
-def time_llama_cpp(model, requests, seed):
+def time_llama_cpp(model, requests, seed, labels, token_ids):
+    global LABELS, TOKEN_IDS  # a spawned child starts from the defaults
+    LABELS, TOKEN_IDS = labels, token_ids
     rng = random.Random(seed)
     params = xllamacpp.CommonParams()
     params.model.path = model
@@ -131,15 +136,23 @@ def main():
     parser.add_argument("--tally", default=os.environ.get("CARGO_TARGET_DIR", str(REPO / "target")) + "/release/tally")
     parser.add_argument("--requests", type=int, default=5)
     parser.add_argument("--out", default=str(REPO / "benches" / "results" / "smollm2-vs-llama-cpp-cpu.json"))
+    parser.add_argument("--model", help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1, fetched once)")
+    parser.add_argument("--vocab", type=int, help="random ids are drawn below this (default: SmolLM2's 49,152)")
+    parser.add_argument("--labels", help="two label token ids, comma-separated (default: SmolLM2's \" Yes\", \" No\")")
     args = parser.parse_args()
-    model = subprocess.run([str(REPO / "scripts" / "fetch-smollm2.sh")], check=True, capture_output=True, text=True).stdout.strip()
+    global LABELS, TOKEN_IDS
+    if args.labels:
+        LABELS = [int(label) for label in args.labels.split(",")]
+    if args.vocab:
+        TOKEN_IDS = range(0, args.vocab)
+    model = args.model or subprocess.run([str(REPO / "scripts" / "fetch-smollm2.sh")], check=True, capture_output=True, text=True).stdout.strip()
 
     tally, tally_peak = time_tally(args.tally, model, args.requests, random.Random(1))
     _, baseline_peak = in_child(python_baseline)
-    llama, llama_peak = in_child(time_llama_cpp, model, args.requests, 1)
+    llama, llama_peak = in_child(time_llama_cpp, model, args.requests, 1, LABELS, TOKEN_IDS)
     rate = lambda seconds: ITEMS / statistics.median(seconds)
     result = {
-        "benchmark": "SmolLM2-135M-Instruct Q4_1, multi-item scoring",
+        "benchmark": f"{Path(model).name}, multi-item scoring",
         "workload": {"query_tokens": QUERY_TOKENS, "items": ITEMS, "item_tokens": ITEM_TOKENS, "labels": len(LABELS),
                      "requests": args.requests},
         "machine": f"{cpu_name()} ({THREADS} threads)",
