@@ -15,6 +15,7 @@ mod kernel_cases;
 use burn::tensor::{Tensor, TensorPrimitive};
 use kernel_cases::*;
 use tally_model::lm_head::label_logprobs;
+use tally_model::weight::TokenTable;
 use tally_model::LabelTable;
 use tally_model::{AttentionRoute, Matmul, ScoringBackend};
 use tally_shaders::{AttentionKernel, StreamedLabelLogprobs, TileShape};
@@ -207,7 +208,7 @@ fn label_logprobs_stream_the_vocabulary() {
     let label_rows: Vec<&[u32]> = (0..rows).map(|r| if r % 3 == 0 { second } else { first }).collect();
     let labels = LabelTable::new(&label_rows);
 
-    let expected = host(label_logprobs::<Reference>(tensor(&hidden_values, [rows, hidden]), tensor(&head_values, [vocab, hidden]), &labels));
+    let expected = host(label_logprobs::<Reference>(tensor(&hidden_values, [rows, hidden]), &TokenTable::Float(tensor(&head_values, [vocab, hidden])), &labels));
 
     let gpu_hidden = tensor::<Gpu, 2>(&hidden_values, [rows, hidden]);
     let gpu_head = tensor::<Gpu, 2>(&head_values, [vocab, hidden]);
@@ -238,17 +239,17 @@ fn every_label_is_scored_past_the_kernels_units() {
         let short = &ids[..count.div_ceil(2)];
         let label_rows: Vec<&[u32]> = (0..rows).map(|r| if r == rows - 1 { short } else { &ids[..] }).collect();
         let labels = LabelTable::new(&label_rows);
-        let full_vocab = host(label_logprobs::<Reference>(cpu_hidden.clone(), cpu_head.clone(), &labels));
-        let logits = host(tally_model::lm_head::label_logits::<Reference>(cpu_hidden.clone(), cpu_head.clone(), &labels));
+        let full_vocab = host(label_logprobs::<Reference>(cpu_hidden.clone(), &TokenTable::Float(cpu_head.clone()), &labels));
+        let logits = host(tally_model::lm_head::label_logits::<Reference>(cpu_hidden.clone(), &TokenTable::Float(cpu_head.clone()), &labels));
         assert!(full_vocab.iter().all(|v| v.is_finite() && *v > -100.0), "{count} labels: the reference is finite");
 
         let what = |path: &str| format!("{count} labels, {path}");
         let (h, w) = (tensor::<Gpu, 2>(&hidden_values, [rows, hidden]), tensor::<Gpu, 2>(&head_values, [vocab, hidden]));
         assert_close(&host(Gpu::label_logprobs(h.clone(), w.clone(), &labels)), &full_vocab, 1e-4, &what("full vocabulary, cube backend"));
-        assert_close(&host(tally_model::lm_head::label_logits::<Gpu>(h, w, &labels)), &logits, 1e-4, &what("label logits, cube backend"));
+        assert_close(&host(tally_model::lm_head::label_logits::<Gpu>(h, &TokenTable::Float(w), &labels)), &logits, 1e-4, &what("label logits, cube backend"));
         let (h, w) = (tensor::<Fused, 2>(&hidden_values, [rows, hidden]), tensor::<Fused, 2>(&head_values, [vocab, hidden]));
         assert_close(&host(Fused::label_logprobs(h.clone(), w.clone(), &labels)), &full_vocab, 1e-4, &what("full vocabulary, fusion"));
-        assert_close(&host(tally_model::lm_head::label_logits::<Fused>(h, w, &labels)), &logits, 1e-4, &what("label logits, fusion"));
+        assert_close(&host(tally_model::lm_head::label_logits::<Fused>(h, &TokenTable::Float(w), &labels)), &logits, 1e-4, &what("label logits, fusion"));
     }
 }
 
@@ -261,7 +262,7 @@ fn label_logprobs_past_the_largest_one_dimensional_grid() {
     let ids: Vec<u32> = (0..vocab as u32).rev().collect();
     let labels = LabelTable::new(&vec![&ids[..]; rows]);
     assert!(rows * labels.width() > 65_535 * 256);
-    let expected = host(label_logprobs::<Reference>(tensor(&hidden_values, [rows, hidden]), tensor(&head_values, [vocab, hidden]), &labels));
+    let expected = host(label_logprobs::<Reference>(tensor(&hidden_values, [rows, hidden]), &TokenTable::Float(tensor(&head_values, [vocab, hidden])), &labels));
     let got = host(<Gpu>::label_logprobs(tensor(&hidden_values, [rows, hidden]), tensor(&head_values, [vocab, hidden]), &labels));
     assert_close(&got, &expected, 1e-4, "16.8 M label cells");
 }

@@ -23,6 +23,7 @@ pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_c
     let scorer = Scorer::<B>::load_with_progress(model, device, options, &mut progress).with_context(|| format!("cannot load model {}", model.display()));
     bar.finish_and_clear();
     let mut scorer = scorer?;
+    tracing::info!("weights: {}", scorer.weight_storage());
     scorer.set_routes(routes);
     if scorer.routes() == routes {
         tracing::info!("hot paths: {routes}");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
-use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, ModelConfig, OpenedModel, QueryBatch, Routes, ScoringBackend, PREFILL_CHUNK};
+use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, ModelConfig, OpenedModel, QueryBatch, Routes, ScoringBackend, WeightStorage, PREFILL_CHUNK};
 
 use crate::prefill::{prefill_queries, PrefixCacheUse};
 use crate::prefix_cache::PrefixLru;
@@ -105,6 +105,11 @@ impl<B: ScoringBackend> Scorer<B> {
     /// What runs each hot path.
     pub fn routes(&self) -> Routes {
         self.model.routes()
+    }
+
+    /// How the model holds its weight matrices.
+    pub fn weight_storage(&self) -> WeightStorage {
+        self.model.weight_storage()
     }
 
     /// Most padded item tokens per pass that the device's free memory allows

@@ -50,6 +50,7 @@ pub use tally_shaders::{set_matmul_route, MatmulRoute};
 pub use tally_shaders::cublas;
 pub use config::{Family, ModelConfig};
 pub use decoder::DecoderModel;
+pub use weight::WeightStorage;
 pub use kv::PrefixKv;
 pub use matmul::Matmul;
 pub use route::{AttentionRoute, ElementwiseRoute, LabelRoute, Routes, TileShape};

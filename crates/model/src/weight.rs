@@ -8,6 +8,38 @@ use burn::tensor::{Int, Tensor, TensorData};
 
 use crate::backend::{BlockWeight, ScoringBackend};
 
+/// How a model holds its weight matrices (embeddings, head, every projection).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WeightStorage {
+    /// Matrices kept as the file stores them, and their bytes.
+    pub stored: usize,
+    pub stored_bytes: usize,
+    /// Matrices held as float tensors.
+    pub float: usize,
+}
+
+impl WeightStorage {
+    fn count<B: ScoringBackend>(&mut self, stored: Option<&B::BlockWeight>) {
+        match stored {
+            Some(weight) => {
+                self.stored += 1;
+                self.stored_bytes += weight.stored_bytes();
+            }
+            None => self.float += 1,
+        }
+    }
+}
+
+impl std::fmt::Display for WeightStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} of {} weight matrices as the file stores them ({:.1} MiB)", self.stored, self.stored + self.float, self.stored_bytes as f64 / (1 << 20) as f64)?;
+        if self.float > 0 {
+            write!(f, ", {} as float", self.float)?;
+        }
+        Ok(())
+    }
+}
+
 /// A linear layer's weight: `x · W`.
 pub enum Linear<B: ScoringBackend> {
     /// `[in, out]`.
@@ -17,6 +49,13 @@ pub enum Linear<B: ScoringBackend> {
 }
 
 impl<B: ScoringBackend> Linear<B> {
+    pub(crate) fn count_into(&self, storage: &mut WeightStorage) {
+        storage.count::<B>(match self {
+            Linear::Blocks(w) => Some(w),
+            Linear::Float(_) => None,
+        });
+    }
+
     /// `x · W`: `[rows, in]` → `[rows, out]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         match self {
@@ -33,6 +72,13 @@ pub enum TokenTable<B: ScoringBackend> {
 }
 
 impl<B: ScoringBackend> TokenTable<B> {
+    pub(crate) fn count_into(&self, storage: &mut WeightStorage) {
+        storage.count::<B>(match self {
+            TokenTable::Blocks(w) => Some(w),
+            TokenTable::Float(_) => None,
+        });
+    }
+
     pub fn vocab(&self) -> usize {
         match self {
             TokenTable::Float(table) => table.dims()[0],

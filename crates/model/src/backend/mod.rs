@@ -28,6 +28,8 @@ use crate::weight::TokenTable;
 /// A weight matrix kept in its file's format, as a backend holds it ([`ScoringBackend::BlockWeight`]).
 pub trait BlockWeight: Clone + Send + Sync + 'static {
     fn rows(&self) -> usize;
+    /// Bytes as stored (in the file's format).
+    fn stored_bytes(&self) -> usize;
 }
 
 /// The block weight of a backend without block kernels: never made.
@@ -36,6 +38,10 @@ pub enum NoBlockKernels {}
 
 impl BlockWeight for NoBlockKernels {
     fn rows(&self) -> usize {
+        match *self {}
+    }
+
+    fn stored_bytes(&self) -> usize {
         match *self {}
     }
 }

@@ -26,6 +26,10 @@ impl BlockWeight for BlockMatrix {
     fn rows(&self) -> usize {
         BlockMatrix::rows(self)
     }
+
+    fn stored_bytes(&self) -> usize {
+        BlockMatrix::stored_bytes(self)
+    }
 }
 
 impl ScoringBackend for NdArray<f32> {

@@ -126,3 +126,42 @@ fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     }
     out
 }
+
+#[cfg(all(test, feature = "ndarray"))]
+mod tests {
+    use std::path::PathBuf;
+
+    use burn::backend::NdArray;
+
+    use crate::gguf::GgufFile;
+    use crate::{DecoderModel, ModelFiles, WeightStorage};
+
+    fn fixture(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
+    }
+
+    fn storage(path: &std::path::Path) -> WeightStorage {
+        let opened = ModelFiles::locate(path).unwrap().open().unwrap();
+        DecoderModel::<NdArray<f32>>::load(opened.config, opened.weights.as_ref(), &Default::default(), &mut |_, _| {}).unwrap().weight_storage()
+    }
+
+    /// On the CPU every matrix of a GGUF stays as the file stores it (Q4_0 … Q8_0, F16, BF16 and
+    /// mixed within a fused projection), byte for byte; safetensors are read as float.
+    #[test]
+    fn the_cpu_keeps_a_gguf_s_matrices_as_stored() {
+        let path = fixture("llama-gguf/llama-gguf.gguf");
+        let file = GgufFile::open(&path).unwrap();
+        let layers = file.usize("llama.block_count").unwrap();
+        let matrix_bytes: usize = ["token_embd.weight", "output.weight"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain((0..layers).flat_map(|i| ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"].map(|t| format!("blk.{i}.{t}.weight"))))
+            .map(|name| file.tensor(&name).unwrap_or_else(|| panic!("{name}")).len)
+            .sum();
+        // Embeddings and head, then q/k/v, o, gate/up and down per layer.
+        assert_eq!(storage(&path), WeightStorage { stored: 2 + 4 * layers, stored_bytes: matrix_bytes, float: 0 });
+        let safetensors = storage(&fixture("tied-gqa"));
+        assert_eq!((safetensors.stored, safetensors.stored_bytes), (0, 0));
+        assert!(safetensors.float > 4);
+    }
+}

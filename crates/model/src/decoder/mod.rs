@@ -20,7 +20,7 @@ use crate::lm_head;
 use crate::query_kv::{ItemGroup, QueryBatch, QueryKv, PREFILL_CHUNK};
 use crate::rope::Rope;
 use crate::route::{ElementwiseRoute, LabelRoute, Routes};
-use crate::weight::{Linear, TokenTable};
+use crate::weight::{Linear, TokenTable, WeightStorage};
 
 pub struct DecoderModel<B: ScoringBackend> {
     config: ModelConfig,
@@ -67,6 +67,21 @@ impl<B: ScoringBackend> DecoderModel<B> {
 
     pub fn device(&self) -> B::Device {
         self.device.clone()
+    }
+
+    /// How the weight matrices are held: as the file stores them, or as float.
+    pub fn weight_storage(&self) -> WeightStorage {
+        let mut storage = WeightStorage::default();
+        self.embed_tokens.count_into(&mut storage);
+        if let Some(head) = &self.lm_head {
+            head.count_into(&mut storage);
+        }
+        for layer in &self.layers {
+            for linear in [&layer.qkv_proj, &layer.o_proj, &layer.gate_up_proj, &layer.down_proj] {
+                linear.count_into(&mut storage);
+            }
+        }
+        storage
     }
 
     /// Device bytes one padded item token of a pass needs at a layer's widest point: the
