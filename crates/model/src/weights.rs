@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use safetensors::{tensor::Metadata, Dtype, SafeTensors};
 
-use crate::blocks::BlockRows;
+use crate::blocks::{BlockBytes, BlockRows};
+use crate::gguf::TensorType;
 use crate::file_data::FileData;
 use crate::tensor_names::TensorName;
 
@@ -98,31 +99,50 @@ impl Checkpoint {
 
 }
 
+impl Checkpoint {
+    /// The tensor `hf_name`: its shard, dtype and absolute byte range, its shape checked against
+    /// `expected` (and its range against the file).
+    fn tensor(&self, hf_name: &str, expected: &[usize]) -> Result<(&Shard, Dtype, std::ops::Range<usize>), WeightsError> {
+        let missing = || WeightsError::MissingTensor { name: hf_name.to_owned() };
+        let shard = &self.shards[*self.shard_of.get(hf_name).ok_or_else(missing)?];
+        let info = shard.metadata.info(hf_name).ok_or_else(missing)?;
+        if info.shape != expected {
+            return Err(WeightsError::Shape { name: hf_name.to_owned(), path: shard.path.clone(), found: info.shape.clone(), expected: expected.to_vec() });
+        }
+        let (start, end) = info.data_offsets;
+        let range = shard.data_start + start..shard.data_start + end;
+        if start > end || range.end > shard.map.len() {
+            return Err(WeightsError::Format { path: shard.path.clone(), message: format!("tensor `{hf_name}` lies outside the file") });
+        }
+        Ok((shard, info.dtype, range))
+    }
+}
+
 impl TensorSource for Checkpoint {
     fn read(&self, name: TensorName, expected: &[usize]) -> Result<Vec<f32>, WeightsError> {
         let name = name.hf();
         let name = name.as_str();
-        let missing = || WeightsError::MissingTensor { name: name.to_owned() };
-        let shard = &self.shards[*self.shard_of.get(name).ok_or_else(missing)?];
-        let info = shard.metadata.info(name).ok_or_else(missing)?;
-        if info.shape != expected {
-            return Err(WeightsError::Shape {
-                name: name.to_owned(),
-                path: shard.path.clone(),
-                found: info.shape.clone(),
-                expected: expected.to_vec(),
-            });
-        }
-        let (start, end) = info.data_offsets;
-        let outside = || WeightsError::Format { path: shard.path.clone(), message: format!("tensor `{name}` lies outside the file") };
-        let bytes = shard.map.get(shard.data_start + start..shard.data_start + end).ok_or_else(outside)?;
-        let values = match info.dtype {
+        let (shard, dtype, range) = self.tensor(name, expected)?;
+        let bytes = shard.map.get(range).expect("the range was checked against the file");
+        let values = match dtype {
             Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
             Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
             Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
             dtype => return Err(WeightsError::Dtype { name: name.to_owned(), path: shard.path.clone(), dtype }),
         };
         Ok(values)
+    }
+
+    /// bf16 and f16 matrices as stored, two bytes a value.
+    fn read_blocks(&self, name: TensorName, expected: [usize; 2]) -> Result<Option<BlockRows>, WeightsError> {
+        let name = name.hf();
+        let (shard, dtype, range) = self.tensor(&name, &expected)?;
+        let kind = match dtype {
+            Dtype::BF16 => TensorType::BF16,
+            Dtype::F16 => TensorType::F16,
+            _ => return Ok(None),
+        };
+        Ok(shard.map.shared().and_then(|file| BlockRows::new(kind, BlockBytes::File { file, range }, expected[0])))
     }
 }
 

@@ -146,7 +146,8 @@ mod tests {
     }
 
     /// On the CPU every matrix of a GGUF stays as the file stores it (Q4_0 … Q8_0, F16, BF16 and
-    /// mixed within a fused projection), byte for byte; safetensors are read as float.
+    /// mixed within a fused projection), byte for byte; so do f16/bf16 safetensors; float32
+    /// ones are read as float.
     #[test]
     fn the_cpu_keeps_a_gguf_s_matrices_as_stored() {
         let path = fixture("llama-gguf/llama-gguf.gguf");
@@ -160,8 +161,10 @@ mod tests {
             .sum();
         // Embeddings and head, then q/k/v, o, gate/up and down per layer.
         assert_eq!(storage(&path), WeightStorage { stored: 2 + 4 * layers, stored_bytes: matrix_bytes, float: 0 });
-        let safetensors = storage(&fixture("tied-gqa"));
-        assert_eq!((safetensors.stored, safetensors.stored_bytes), (0, 0));
-        assert!(safetensors.float > 4);
+        let float32 = storage(&fixture("tied-gqa"));
+        assert_eq!((float32.stored, float32.stored_bytes), (0, 0));
+        assert!(float32.float > 4);
+        let half = storage(&fixture("untied-f16"));
+        assert_eq!((half.stored, half.float), (float32.float + 1, 0), "untied: one more matrix, the head");
     }
 }
