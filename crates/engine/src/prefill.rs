@@ -57,8 +57,9 @@ pub fn prefill_queries<B: ScoringBackend>(
         }
     }
     let mut done: HashMap<&[u32], QueryKv<B>> = HashMap::new();
-    // A distinct query's lookup; its repeats within the batch are hits.
-    let mut found: HashMap<&[u32], PrefixCacheUse> = HashMap::new();
+    // Each distinct query's lookup (a miss unless the cache says otherwise), taken by its first
+    // occurrence below: its repeats within the batch are hits.
+    let mut found: HashMap<&[u32], PrefixCacheUse> = distinct.iter().map(|&query| (query, PrefixCacheUse::Miss)).collect();
     if !cache.is_enabled() {
         let empty = || model.empty_query();
         done.extend(distinct.iter().copied().zip(prefill_in_passes(model, stats, distinct.iter().map(|&q| (empty(), q)).collect(), max_tokens)));
@@ -109,16 +110,11 @@ pub fn prefill_queries<B: ScoringBackend>(
         }
         stats.prefix_cache_bytes.store(cache.used_bytes() as u64, Relaxed);
     }
-    let mut first_seen: Vec<&[u32]> = Vec::new();
     queries
         .iter()
         .map(|query| match query {
             None => (model.empty_query(), PrefixCacheUse::Miss),
-            Some(q) if first_seen.contains(q) => (done[q].clone(), PrefixCacheUse::Hit),
-            Some(q) => {
-                first_seen.push(q);
-                (done[q].clone(), found.get(q).copied().unwrap_or(PrefixCacheUse::Miss))
-            }
+            Some(q) => (done[q].clone(), found.remove(q).unwrap_or(PrefixCacheUse::Hit)),
         })
         .collect()
 }
