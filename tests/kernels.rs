@@ -571,6 +571,85 @@ fn mma_fragment_layout_is_ptxs() {
     assert_eq!(TensorData::new(got, [32, 32]), TensorData::new(expected, [32, 32]), "fragment positions per lane (A, then B, then C, as row, column)");
 }
 
+/// Seeded random rows of `kind`, `cols` values each, as the file would store them: random bytes
+/// with each f16 scale's (or half's) top exponent bit cleared, so every value is finite
+/// (subnormal scales and halves included).
+fn random_stored_rows(kind: tally_model::gguf::TensorType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    use tally_model::gguf::TensorType;
+    let (values, size) = kind.block().expect("a known type");
+    let mut bytes: Vec<u8> = random(seed, rows * cols / values * size, 1.0).iter().map(|v| (v.to_bits() >> 3) as u8).collect();
+    let scale_highs: &[usize] = match kind {
+        TensorType::F16 | TensorType::BF16 => &[1],
+        TensorType::Q4_0 | TensorType::Q5_0 | TensorType::Q8_0 => &[1],
+        TensorType::Q6K => &[209],
+        _ => &[1, 3],
+    };
+    for block in bytes.chunks_exact_mut(size) {
+        for &at in scale_highs {
+            block[at] &= 0b1011_1111;
+        }
+        // bf16 has float32's exponents: keep them off float32's subnormals too, which GPUs flush.
+        if kind == TensorType::BF16 {
+            block[1] |= 0b0010_0000;
+        }
+    }
+    bytes
+}
+
+/// Weights kept compact on the device (`tally_model::backend::stored`): every GGUF type tally
+/// reads, stacked with a reordered Q8_0 segment as a fused projection is, expanded by token id
+/// (ids out of order, repeated) and multiplied — with one device buffer, with buffers of 1–3
+/// rows and panels of 2 rows (so panels cross buffers and segments), rows of the kernel's
+/// cube (256 words) just under, at and past it — against the CPU's dequantisation, which
+/// tally's GGUF fixtures check against the `gguf` package: rows exactly, products within
+/// float32 rounding of the float64 product. Then through the fusion backend.
+fn stored_matrices_expand_exactly_and_multiply_across_pieces_and_panels() {
+    use tally_model::backend::stored::{Limits, StoredMatrix};
+    use tally_model::blocks::{BlockBytes, BlockMatrix, BlockRows};
+    use tally_model::gguf::TensorType;
+    let cols = 256;
+    let small = Limits { piece_bytes: 1, panel_bytes: 1 };
+    let mut seed = 700;
+    for kind in [TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0, TensorType::Q4K, TensorType::Q5K, TensorType::Q6K, TensorType::F16, TensorType::BF16] {
+        // 4-bit rows of 256 are 32 words of values: 7, 8 and 9 rows are just under, at and past a cube.
+        for rows in [7, 8, 9] {
+            seed += 1;
+            let segment = |kind, rows, seed| BlockRows::new(kind, BlockBytes::Owned(random_stored_rows(kind, rows, cols, seed).into()), rows).expect("a stored type");
+            let q8 = segment(TensorType::Q8_0, 4, seed + 1).reordered(vec![2, 0, 3, 1]);
+            let matrix = BlockMatrix::new(cols, vec![segment(kind, rows, seed), q8]).expect("whole blocks");
+            let total = matrix.rows();
+            let cpu = matrix.dequantize_rows(0..total);
+            let what = |limits: &str| format!("{kind} ({rows} + 4 rows), {limits}");
+            for (limits, name) in [(Limits::DEFAULT, "one buffer"), (Limits { piece_bytes: 480, panel_bytes: 2 * 4 * cols }, "480-byte buffers (3 rows of 4 bits, 1 of 8 or 16), 2-row panels"), (small, "one-row buffers and panels")] {
+                let stored = StoredMatrix::<GpuRuntime>::pack(&matrix, burn::tensor::DType::F32, limits, &<GpuRuntime as burn_cubecl::cubecl::Runtime>::client(&Default::default()), &Default::default()).expect("every type packs");
+                if name != "one buffer" {
+                    assert!(stored.piece_rows().len() > 2, "{}: pieces {:?}", what(name), stored.piece_rows());
+                }
+                let ids: Vec<u32> = vec![total as u32 - 1, 0, 3, rows as u32, 3, 1];
+                let expected: Vec<f32> = ids.iter().flat_map(|&id| cpu[id as usize * cols..(id as usize + 1) * cols].to_vec()).collect();
+                let got = host(<Gpu>::block_rows(&stored, &ids, &Default::default()));
+                assert_close(&got, &expected, 0.0, &format!("{}: rows {ids:?}", what(name)));
+                for m in [1, 5] {
+                    let x = random(seed + 9, m * cols, 1.0);
+                    for range in [0..total, 2..total - 1] {
+                        let reference: Vec<f32> = cpu[range.start * cols..range.end * cols].to_vec();
+                        let expected = host_matmul(&x, &reference, [1, m, cols, range.len()], true);
+                        let got = host(<Gpu>::block_matmul(tensor(&x, [m, cols]), &stored, range.clone()));
+                        assert_close(&got, &expected, 2e-5, &format!("{}: x [{m}, {cols}] · rows {range:?}", what(name)));
+                    }
+                }
+            }
+        }
+    }
+    // Through fusion: the wrapped backend's stored matrix, settled inputs and a fresh output.
+    let matrix = BlockMatrix::new(cols, vec![BlockRows::new(TensorType::Q4_1, BlockBytes::Owned(random_stored_rows(TensorType::Q4_1, 9, cols, 1).into()), 9).unwrap()]).unwrap();
+    let stored = Fused::block_weight(matrix.clone(), &Default::default()).expect("Q4_1 packs");
+    let x = random(2, 3 * cols, 1.0);
+    let expected = host_matmul(&x, &matrix.dequantize_rows(0..9), [1, 3, cols, 9], true);
+    assert_close(&host(Fused::block_matmul(tensor(&x, [3, cols]), &stored, 0..9)), &expected, 2e-5, "through fusion");
+    assert_close(&host(Fused::block_rows(&stored, &[8, 2], &Default::default())), &matrix.dequantize_rows([8, 2].into_iter()), 0.0, "rows through fusion");
+}
+
 fn main() {
     #[allow(unused_mut)] // without feature `cuda`
     let mut tests = gpu::named![
@@ -594,6 +673,7 @@ fn main() {
         matmuls_with_an_odd_multiple_of_8_inside_are_right,
         block_matmuls_match_a_float64_product_at_every_block_edge,
         checked_matmul_choice_keeps_only_right_candidates,
+        stored_matrices_expand_exactly_and_multiply_across_pieces_and_panels,
     ];
     #[cfg(feature = "cuda")]
     tests.extend(gpu::named![cublas_matmuls_match_a_float64_product, mma_fragment_layout_is_ptxs]);

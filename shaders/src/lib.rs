@@ -8,6 +8,8 @@
 //!   vocabulary chunks, label gather fused in.
 //! - [`rms_norm`]: residual add + RMSNorm in one pass over each row; [`rope`]: the q/k norm
 //!   and RoPE in one; [`swiglu`]: `silu(gate) · up` straight from the fused gate/up projection.
+//! - [`stored_matrix`]: weights kept compact on the device (quantised groups, 16-bit floats in
+//!   32-bit words) and the kernel that expands rows of them to float.
 //! - [`block_matmul`]: a matmul with no shared memory or barriers (software adapters' fastest).
 //! - [`f32_matmul`]: a float32 matmul that stays float32 on devices whose tensor cores would
 //!   round it to tf32.
@@ -34,6 +36,7 @@ pub mod matmul_route;
 pub mod matmul_tuning;
 pub mod rms_norm;
 pub mod rope;
+pub mod stored_matrix;
 pub mod swiglu;
 
 pub use block_matmul::{block_matmul, RegisterBlock};
@@ -44,6 +47,7 @@ pub use matmul_choice::{chosen_matmul, force_matmul, matmul_choices, set_matmul_
 pub use matmul_route::{cublas_matmul, routes_to_block, routes_to_cublas, set_matmul_route, MatmulRoute};
 pub use rms_norm::add_rms_norm;
 pub use rope::norm_rope;
+pub use stored_matrix::{RowPick, Scales, StoredFormat, StoredRows, WordWriter};
 pub use swiglu::silu_mul;
 
 /// Bytes free on `device` now, where the runtime can tell: CUDA, in a build with feature

@@ -59,6 +59,21 @@ impl BlockRows {
     fn row_bytes(&self, cols: usize) -> Option<usize> {
         self.kind.byte_len(cols)
     }
+
+    pub fn kind(&self) -> TensorType {
+        self.kind
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The bytes of row `row` (rows `cols` values wide), read in the segment's order.
+    pub fn row(&self, row: usize, cols: usize) -> &[u8] {
+        let stored = self.order.as_ref().map_or(row, |order| order[row] as usize);
+        let width = self.row_bytes(cols).expect("rows of whole blocks");
+        &self.bytes.bytes()[stored * width..(stored + 1) * width]
+    }
 }
 
 /// A `[rows, cols]` matrix stored a row at a time in its segments' formats.
@@ -103,14 +118,17 @@ impl BlockMatrix {
         self.segments.iter().map(|s| s.rows * s.row_bytes(self.cols).expect("checked in new")).sum()
     }
 
+    /// Its segments, top to bottom.
+    pub fn segments(&self) -> &[BlockRows] {
+        &self.segments
+    }
+
     /// Row `row` as float32 into `out` (`cols` long): exactly what dequantising the whole tensor
     /// at load gives.
     pub fn dequantize_row(&self, mut row: usize, out: &mut [f32]) {
         for segment in &self.segments {
             if row < segment.rows {
-                let stored = segment.order.as_ref().map_or(row, |order| order[row] as usize);
-                let width = segment.row_bytes(self.cols).expect("checked in new");
-                segment.kind.dequantize_into(&segment.bytes.bytes()[stored * width..(stored + 1) * width], out);
+                segment.kind.dequantize_into(segment.row(row, self.cols), out);
                 return;
             }
             row -= segment.rows;

@@ -7,7 +7,9 @@ use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, 
 use burn_ir::{InitOperationIr, OperationIr};
 use tally_shaders::{add_rms_norm, chosen_matmul, norm_rope, routes_to_block, silu_mul, cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
-use super::{NoBlockKernels, PlannedAttention, ScoringBackend};
+use super::stored::{Limits, StoredMatrix};
+use super::{PlannedAttention, ScoringBackend};
+use crate::blocks::BlockMatrix;
 use crate::attention::PaddedPlan;
 use crate::kv::PrefixKv;
 use crate::labels::LabelTable;
@@ -23,8 +25,20 @@ where
     I: IntElement,
     BT: BoolElement,
 {
-    /// No block kernels yet: GGUF blocks and 16-bit weights are dequantised to float at load.
-    type BlockWeight = NoBlockKernels;
+    /// GGUF blocks and (when computing in float32) 16-bit weights stay compact on the device.
+    type BlockWeight = StoredMatrix<R>;
+
+    fn block_weight(matrix: BlockMatrix, device: &R::Device) -> Option<StoredMatrix<R>> {
+        StoredMatrix::pack(&matrix, F::dtype(), Limits::DEFAULT, &R::client(device), device)
+    }
+
+    fn block_matmul(x: Tensor<Self, 2>, w: &StoredMatrix<R>, rows: std::ops::Range<usize>) -> Tensor<Self, 2> {
+        w.matmul(x, rows, Self::matmul)
+    }
+
+    fn block_rows(w: &StoredMatrix<R>, ids: &[u32], _device: &R::Device) -> Tensor<Self, 2> {
+        w.rows(ids, F::dtype())
+    }
 
     /// Every route has its kernel here.
     fn routes(requested: Routes) -> Routes {
@@ -139,7 +153,20 @@ where
 /// Through fusion: settle the inputs, run the inner backend's kernels, hand the result back to
 /// the fusion stream as a fresh tensor.
 impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
-    type BlockWeight = NoBlockKernels;
+    type BlockWeight = B::BlockWeight;
+
+    fn block_weight(matrix: BlockMatrix, device: &B::Device) -> Option<B::BlockWeight> {
+        B::block_weight(matrix, device)
+    }
+
+    fn block_matmul(x: Tensor<Self, 2>, w: &B::BlockWeight, rows: std::ops::Range<usize>) -> Tensor<Self, 2> {
+        let client = fusion_client(&x);
+        into_fusion(B::block_matmul(settle(x), w, rows), &client)
+    }
+
+    fn block_rows(w: &B::BlockWeight, ids: &[u32], device: &B::Device) -> Tensor<Self, 2> {
+        into_fusion(B::block_rows(w, ids, device), &burn_fusion::get_client::<B>(device))
+    }
 
     fn routes(requested: Routes) -> Routes {
         B::routes(requested)

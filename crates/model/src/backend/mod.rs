@@ -1,7 +1,8 @@
 //! The seam between the model and the backends: [`ScoringBackend`], what a Burn backend offers
-//! scoring beyond Burn's ops. Every method has a plain-Burn default (the reference), so a
-//! backend without kernels implements nothing ([`ndarray`], the CPU); CubeCL backends put
-//! tally-shaders' kernels behind it (`cube`, feature `cubecl`). A new kernel or library (a
+//! scoring beyond Burn's ops. Every method but the block weights' has a plain-Burn default (the
+//! reference), so a backend without kernels implements only how it holds weight matrices
+//! ([`ndarray`], the CPU: panels dequantised on the host); CubeCL backends put tally-shaders'
+//! kernels behind it (`cube`, feature `cubecl`; `stored`: weights packed on the device). A new kernel or library (a
 //! tensor-core attention, cuBLAS) is one more route a backend's impl answers, not a branch in
 //! the decoder.
 
@@ -9,6 +10,8 @@
 mod cube;
 #[cfg(feature = "ndarray")]
 mod ndarray;
+#[cfg(feature = "cubecl")]
+pub mod stored;
 
 use std::ops::Range;
 
@@ -28,47 +31,24 @@ use crate::weight::TokenTable;
 /// A weight matrix kept in its file's format, as a backend holds it ([`ScoringBackend::BlockWeight`]).
 pub trait BlockWeight: Clone + Send + Sync + 'static {
     fn rows(&self) -> usize;
-    /// Bytes as stored (in the file's format).
+    /// Bytes as held (the file's format, or the kernels' packing of it).
     fn stored_bytes(&self) -> usize;
-}
-
-/// The block weight of a backend without block kernels: never made.
-#[derive(Clone, Debug)]
-pub enum NoBlockKernels {}
-
-impl BlockWeight for NoBlockKernels {
-    fn rows(&self) -> usize {
-        match *self {}
-    }
-
-    fn stored_bytes(&self) -> usize {
-        match *self {}
-    }
 }
 
 /// A Burn backend tally can score on.
 pub trait ScoringBackend: Matmul {
-    /// Weight matrices as this backend multiplies them from their file's blocks
-    /// ([`NoBlockKernels`] where it does not).
+    /// Weight matrices as this backend multiplies them from their file's blocks.
     type BlockWeight: BlockWeight;
 
-    /// `matrix` as this backend multiplies it, or `None` where it has no block kernels: the
-    /// loader then dequantises the tensor to float. Default: none.
-    fn block_weight(_matrix: BlockMatrix, _device: &Self::Device) -> Option<Self::BlockWeight> {
-        None
-    }
+    /// `matrix` as this backend multiplies it, or `None` where it cannot (a format its kernels
+    /// lack): the loader then dequantises the tensor to float.
+    fn block_weight(matrix: BlockMatrix, device: &Self::Device) -> Option<Self::BlockWeight>;
 
-    /// `x · w[rows]ᵀ`: `[m, in]` → `[m, rows.len()]`. Only called with weights
-    /// [`Self::block_weight`] made.
-    fn block_matmul(_x: Tensor<Self, 2>, _w: &Self::BlockWeight, _rows: Range<usize>) -> Tensor<Self, 2> {
-        unreachable!("a backend without block weights is never asked to multiply one")
-    }
+    /// `x · w[rows]ᵀ`: `[m, in]` → `[m, rows.len()]`.
+    fn block_matmul(x: Tensor<Self, 2>, w: &Self::BlockWeight, rows: Range<usize>) -> Tensor<Self, 2>;
 
-    /// Rows `ids` of `w` as float, `[ids.len(), in]`. Only called with weights
-    /// [`Self::block_weight`] made.
-    fn block_rows(_w: &Self::BlockWeight, _ids: &[u32], _device: &Self::Device) -> Tensor<Self, 2> {
-        unreachable!("a backend without block weights is never asked to read one")
-    }
+    /// Rows `ids` of `w` as float, `[ids.len(), in]`.
+    fn block_rows(w: &Self::BlockWeight, ids: &[u32], device: &Self::Device) -> Tensor<Self, 2>;
 
     /// The routes this backend runs when `requested` is asked for: its kernels where it has
     /// them, plain Burn ops where it has none. Asked once, when the routes are set; the decoder

@@ -142,6 +142,83 @@ impl TensorType {
     }
 }
 
+impl TensorType {
+    /// `(bits, values)` of the groups [`Self::affine_groups`] gives: every quantised type's
+    /// values are unsigned `bits`-bit integers in groups of `values` sharing a scale and a
+    /// minimum. `None` for the float types.
+    pub fn affine_layout(self) -> Option<(u32, usize)> {
+        Some(match self {
+            TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q4K => (4, 32),
+            TensorType::Q5_0 | TensorType::Q5_1 | TensorType::Q5K => (5, 32),
+            TensorType::Q8_0 => (8, 32),
+            TensorType::Q6K => (6, 16),
+            _ => return None,
+        })
+    }
+
+    /// Calls `visit(scale, min, q)` for each group of one block's bytes, in value order: value
+    /// `i` of the group is `q[i]·scale + min` — in float32, exactly what [`Self::dequantize_into`]
+    /// gives. Signed quants are offset to unsigned (Q8_0's `q + 128` with `min = −128·d`).
+    /// Panics for a float type (no groups: see [`Self::affine_layout`]).
+    pub fn affine_groups(self, b: &[u8], visit: &mut dyn FnMut(f32, f32, &[u8])) {
+        let mut q = [0u8; 32];
+        match self {
+            TensorType::Q4_0 | TensorType::Q4_1 => {
+                let (d, m, qs) = if self == TensorType::Q4_0 { (half(b, 0), -8.0 * half(b, 0), &b[2..18]) } else { (half(b, 0), half(b, 2), &b[4..20]) };
+                for (j, &byte) in qs.iter().enumerate() {
+                    (q[j], q[j + 16]) = (byte & 0x0F, byte >> 4);
+                }
+                visit(d, m, &q);
+            }
+            TensorType::Q5_0 | TensorType::Q5_1 => {
+                let (d, m, qh, qs) = if self == TensorType::Q5_0 { (half(b, 0), -16.0 * half(b, 0), &b[2..6], &b[6..22]) } else { (half(b, 0), half(b, 2), &b[4..8], &b[8..24]) };
+                let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+                for (j, &byte) in qs.iter().enumerate() {
+                    q[j] = (byte & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+                    q[j + 16] = (byte >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+                }
+                visit(d, m, &q);
+            }
+            TensorType::Q8_0 => {
+                for (q, &byte) in q.iter_mut().zip(&b[2..34]) {
+                    *q = (byte as i8 as i16 + 128) as u8;
+                }
+                visit(half(b, 0), -128.0 * half(b, 0), &q);
+            }
+            TensorType::Q4K | TensorType::Q5K => {
+                let (d, dmin) = (half(b, 0), half(b, 2));
+                let (qh, qs) = if self == TensorType::Q4K { (None, &b[16..144]) } else { (Some(&b[16..48]), &b[48..176]) };
+                for group in 0..8 {
+                    let (chunk, high_nibble) = (group / 2, group % 2 == 1);
+                    for (l, q) in q.iter_mut().enumerate() {
+                        let byte = qs[chunk * 32 + l];
+                        let fifth = qh.map_or(0, |qh| ((qh[l] >> group) & 1) << 4);
+                        *q = if high_nibble { byte >> 4 } else { byte & 0x0F } | fifth;
+                    }
+                    let (scale, min) = scale_min_k4(group, &b[4..16]);
+                    visit(d * scale, -(dmin * min), &q);
+                }
+            }
+            TensorType::Q6K => {
+                let (ql, qh, scales, d) = (&b[0..128], &b[128..192], &b[192..208], half(b, 208));
+                // Value `128h + 32k + l` (k < 4, l < 32) is in group `8h + 2k + l / 16`.
+                for group in 0..16 {
+                    let (h, k, first) = (group / 8, group % 8 / 2, group % 2 * 16);
+                    for (i, q) in q[..16].iter_mut().enumerate() {
+                        let l = first + i;
+                        let low = ql[h * 64 + l + 32 * (k % 2)];
+                        let low = if k < 2 { low & 0x0F } else { low >> 4 };
+                        *q = low | (((qh[h * 32 + l] >> (2 * k)) & 3) << 4);
+                    }
+                    let scale = d * f32::from(scales[group] as i8);
+                    visit(scale, -32.0 * scale, &q[..16]);
+                }
+            }
+            kind => panic!("{kind} values are floats, not groups"),
+        }
+    }
+}
+
 fn half(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
@@ -241,6 +318,44 @@ mod tests {
         assert_eq!(TensorType::Q8_0.byte_len(33), None, "not whole blocks");
         assert_eq!(TensorType::from_id(10).byte_len(256), None, "Q2_K is not supported");
         assert_eq!(TensorType::from_id(10).to_string(), "Q2_K (GGML type 10)");
+    }
+
+    /// Every quantised type's groups give back exactly what dequantising gives, on blocks of
+    /// seeded random bytes (any bytes are a valid block, but for the f16 scales' NaNs and
+    /// infinities, which the seed avoids by clearing their top exponent bit).
+    #[test]
+    fn affine_groups_reproduce_dequantisation_exactly() {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        for kind in [TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0, TensorType::Q4K, TensorType::Q5K, TensorType::Q6K] {
+            let (values, size) = kind.block().unwrap();
+            let (bits, group) = kind.affine_layout().unwrap();
+            for _ in 0..20 {
+                let mut block: Vec<u8> = (0..size)
+                    .map(|_| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        (state >> 24) as u8
+                    })
+                    .collect();
+                let scale_bytes: &[usize] = match kind {
+                    TensorType::Q6K => &[209],
+                    TensorType::Q4_0 | TensorType::Q5_0 | TensorType::Q8_0 => &[1],
+                    _ => &[1, 3],
+                };
+                for &at in scale_bytes {
+                    block[at] &= 0b1011_1111;
+                }
+                let expected = kind.dequantize(&block, values).unwrap();
+                let mut got = Vec::new();
+                kind.affine_groups(&block, &mut |scale, min, q| {
+                    assert_eq!(q.len(), group, "{kind}");
+                    assert!(q.iter().all(|&q| u32::from(q) < 1 << bits), "{kind}: {q:?}");
+                    got.extend(q.iter().map(|&q| f32::from(q) * scale + min));
+                });
+                assert_eq!(got, expected, "{kind}");
+            }
+        }
     }
 
     /// Hand-made blocks with known values. Every type is also checked end to end: the GGUF
