@@ -186,9 +186,12 @@ impl Model {
 
     /// Scores a `/v1/score` request object; resolves with the response object the server returns.
     pub fn score(&self, request: JsValue) -> js_sys::Promise {
-        let scorer = Rc::clone(&self.scorer);
+        let (scorer, info) = (Rc::clone(&self.scorer), Rc::clone(&self.info));
         wasm_bindgen_futures::future_to_promise(async move {
             let request: ScoreRequest = serde_wasm_bindgen::from_value(request).map_err(|e| JsError::new(&format!("invalid request: {e}")))?;
+            if !info.borrow().kernel_check.weights_agree {
+                return Err(JsError::new(&info.borrow().kernel_check.message).into());
+            }
             let mut scorer = scorer.try_borrow_mut().map_err(|_| JsError::new("the model is busy scoring: wait for the previous score"))?;
             let response = scorer.score_async(&request).await.map_err(error)?;
             Ok(serde_wasm_bindgen::to_value(&response)?)

@@ -12,7 +12,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::file_data::SharedBytes;
+use crate::file_data::{FileData, SharedBytes};
 use crate::gguf::TensorType;
 
 /// Where a segment's bytes live.
@@ -24,6 +24,15 @@ pub enum BlockBytes {
 }
 
 impl BlockBytes {
+    /// Bytes `range` of a model file: a view of it where it is in memory, a copy where the file
+    /// is only reachable a range at a time (the browser's, kept in JS); `None` past its end.
+    pub fn from_file(data: &FileData, range: Range<usize>) -> Option<Self> {
+        match data.shared() {
+            Some(file) => (range.end <= file.bytes().len() && range.start <= range.end).then_some(BlockBytes::File { file, range }),
+            None => Some(BlockBytes::Owned(data.get(range)?.into_owned().into())),
+        }
+    }
+
     fn bytes(&self) -> &[u8] {
         match self {
             BlockBytes::File { file, range } => &file.bytes()[range.clone()],

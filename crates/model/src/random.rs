@@ -11,10 +11,12 @@ use std::path::Path;
 use safetensors::{Dtype, View};
 use serde_json::json;
 
+use crate::blocks::{BlockBytes, BlockRows};
 use crate::config::{ModelConfig, RopeScaling};
+use crate::gguf::TensorType;
 use crate::file_data::FileData;
 use crate::source::{OpenedModel, TokenizerSource};
-use crate::weights::{Checkpoint, WeightsError};
+use crate::weights::{Checkpoint, TensorSource, WeightsError};
 use crate::tensor_names::{LayerTensor, TensorName};
 
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +83,52 @@ pub fn random_model(config: &ModelConfig, seed: u64) -> Result<OpenedModel, Writ
     let bytes = safetensors::serialize(weights.iter().map(|(n, t)| (n.as_str(), t)), None)?;
     let checkpoint = Checkpoint::from_data(vec![("model.safetensors".to_owned(), FileData::Owned(bytes.into()))])?;
     Ok(OpenedModel { config: config.clone(), weights: Box::new(checkpoint), tokenizer: TokenizerSource::None })
+}
+
+/// [`random_model`] with its matrices stored in quantised and 16-bit formats, as a GGUF stores
+/// them — embeddings (and head) and down in Q8_0, q/k/v in Q4_1, o in Q4_0, gate in BF16, up
+/// in F16 — so block kernels have each of their formats to read but the K-quants' float32
+/// scales. Read as float, each matrix gives exactly the values its blocks hold.
+pub fn random_quantised_model(config: &ModelConfig, seed: u64) -> Result<OpenedModel, WriteError> {
+    let model = random_model(config, seed)?;
+    Ok(OpenedModel { weights: Box::new(Quantised(model.weights)), ..model })
+}
+
+/// Matrices re-stored in [`Quantised::kind`]'s formats (where rows are whole blocks of it).
+struct Quantised(Box<dyn TensorSource>);
+
+impl Quantised {
+    fn kind(name: TensorName) -> TensorType {
+        match name {
+            TensorName::Layer { tensor: LayerTensor::QProj | LayerTensor::KProj | LayerTensor::VProj, .. } => TensorType::Q4_1,
+            TensorName::Layer { tensor: LayerTensor::OProj, .. } => TensorType::Q4_0,
+            TensorName::Layer { tensor: LayerTensor::GateProj, .. } => TensorType::BF16,
+            TensorName::Layer { tensor: LayerTensor::UpProj, .. } => TensorType::F16,
+            _ => TensorType::Q8_0,
+        }
+    }
+
+    /// The matrix's bytes in its format; `None` for vectors, or rows that are not whole blocks.
+    fn blocks(&self, name: TensorName, expected: &[usize]) -> Result<Option<Vec<u8>>, WeightsError> {
+        if expected.len() != 2 {
+            return Ok(None);
+        }
+        let kind = Self::kind(name);
+        Ok(kind.byte_len(expected[1]).and_then(|_| kind.quantize(&self.0.read(name, expected).ok()?)))
+    }
+}
+
+impl TensorSource for Quantised {
+    fn read(&self, name: TensorName, expected: &[usize]) -> Result<Vec<f32>, WeightsError> {
+        match self.blocks(name, expected)? {
+            Some(bytes) => Ok(Self::kind(name).dequantize(&bytes, expected.iter().product()).expect("a type tally reads")),
+            None => self.0.read(name, expected),
+        }
+    }
+
+    fn read_blocks(&self, name: TensorName, expected: [usize; 2]) -> Result<Option<BlockRows>, WeightsError> {
+        Ok(self.blocks(name, &expected)?.and_then(|bytes| BlockRows::new(Self::kind(name), BlockBytes::Owned(bytes.into()), expected[0])))
+    }
 }
 
 /// Every weight of `config` by its HF name, seeded, in name order.
@@ -225,6 +273,32 @@ mod tests {
             assert_eq!(in_memory.weights.read(name, &shape).unwrap(), written.read(name, &shape).unwrap(), "{name:?}");
         }
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// The quantised model's matrices are stored blocks whose values are what reading it as
+    /// float gives, and close to the bf16 model's.
+    #[test]
+    fn a_quantised_random_model_stores_what_it_reads() {
+        let config = crate::presets::preset("tiny").unwrap();
+        let (float, quantised) = (random_model(&config, 5).unwrap(), random_quantised_model(&config, 5).unwrap());
+        let q_rows = config.num_attention_heads * config.head_dim;
+        for (name, kind) in [(TensorName::layer(0, LayerTensor::QProj), TensorType::Q4_1), (TensorName::layer(1, LayerTensor::OProj), TensorType::Q4_0), (TensorName::layer(0, LayerTensor::GateProj), TensorType::BF16)] {
+            let shape = match kind {
+                TensorType::Q4_0 => [64, q_rows],
+                TensorType::BF16 => [config.intermediate_size, 64],
+                _ => [q_rows, 64],
+            };
+            let blocks = quantised.weights.read_blocks(name, shape).unwrap().expect("stored as blocks");
+            assert_eq!(blocks.kind(), kind);
+            let matrix = crate::blocks::BlockMatrix::new(shape[1], vec![blocks]).unwrap();
+            let read = quantised.weights.read(name, &shape).unwrap();
+            assert_eq!(matrix.dequantize_rows(0..shape[0]), read, "{name:?}");
+            let original = float.weights.read(name, &shape).unwrap();
+            let largest = original.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert!(read.iter().zip(&original).all(|(a, b)| (a - b).abs() <= largest / 7.0), "{name:?}: within a 4-bit step");
+        }
+        let gains = TensorName::layer(0, LayerTensor::InputNorm);
+        assert_eq!(quantised.weights.read(gains, &[64]).unwrap(), float.weights.read(gains, &[64]).unwrap(), "vectors stay as they are");
     }
 
     #[test]

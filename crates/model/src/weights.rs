@@ -37,9 +37,20 @@ pub trait TensorSource {
 
     /// The matrix `name` (`expected`: `[rows, cols]`) as the file stores it, rows in Hugging
     /// Face's order, for backends that multiply stored blocks ([`crate::blocks`]); `None` where
-    /// it is float32 or the file is not in memory. Default: none.
+    /// it is float32. Default: none.
     fn read_blocks(&self, _name: TensorName, _expected: [usize; 2]) -> Result<Option<BlockRows>, WeightsError> {
         Ok(None)
+    }
+}
+
+/// A checkpoint read as float only: every matrix dequantised at load, as a backend without
+/// block kernels holds it (the browser's kernel check: the reference it compares compact
+/// weights against).
+pub struct FloatOnly(pub Box<dyn TensorSource>);
+
+impl TensorSource for FloatOnly {
+    fn read(&self, name: TensorName, expected: &[usize]) -> Result<Vec<f32>, WeightsError> {
+        self.0.read(name, expected)
     }
 }
 
@@ -142,7 +153,7 @@ impl TensorSource for Checkpoint {
             Dtype::F16 => TensorType::F16,
             _ => return Ok(None),
         };
-        Ok(shard.map.shared().and_then(|file| BlockRows::new(kind, BlockBytes::File { file, range }, expected[0])))
+        Ok(BlockBytes::from_file(&shard.map, range).and_then(|bytes| BlockRows::new(kind, bytes, expected[0])))
     }
 }
 

@@ -121,10 +121,10 @@ impl GgufFile {
         self.tensors.get(name)
     }
 
-    /// The tensor's bytes as they are stored, where the file is in memory (natively mapped);
-    /// `None` where it is read a range at a time (the browser).
+    /// The tensor's bytes as they are stored: a view of the file where it is in memory
+    /// (natively mapped), a copy where it is read a range at a time (the browser).
     pub fn stored_bytes(&self, info: &TensorInfo) -> Option<BlockBytes> {
-        Some(BlockBytes::File { file: self.map.shared()?, range: info.start..info.start + info.len })
+        BlockBytes::from_file(&self.map, info.start..info.start + info.len)
     }
 
     /// The tensor's elements as f32, dequantised, in storage order.

@@ -143,6 +143,51 @@ impl TensorType {
 }
 
 impl TensorType {
+    /// `values` (whole blocks) in this type, as ggml's reference quantisers round them: Q8_0
+    /// (`d = max |x| / 127`), Q4_0 (`d = x_maxabs / −8`), Q4_1 (`d = (max − min) / 15`, `m = min`),
+    /// F16 and BF16. `None` for other types: tally reads them, it does not write them.
+    pub fn quantize(self, values: &[f32]) -> Option<Vec<u8>> {
+        let (per_block, _) = self.block()?;
+        if !values.len().is_multiple_of(per_block) {
+            return None;
+        }
+        let mut out = Vec::with_capacity(self.byte_len(values.len())?);
+        let nibbles = |q: &[u8], out: &mut Vec<u8>| out.extend((0..16).map(|j| q[j] | (q[j + 16] << 4)));
+        for x in values.chunks_exact(per_block) {
+            match self {
+                TensorType::F16 => out.extend(f16::from_f32(x[0]).to_le_bytes()),
+                TensorType::BF16 => out.extend(bf16::from_f32(x[0]).to_le_bytes()),
+                TensorType::Q8_0 => {
+                    let d = x.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+                    let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
+                    out.extend(f16::from_f32(d).to_le_bytes());
+                    out.extend(x.iter().map(|v| (v * inverse).round() as i8 as u8));
+                }
+                TensorType::Q4_0 => {
+                    let extreme = x.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+                    let d = extreme / -8.0;
+                    let inverse = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    out.extend(f16::from_f32(d).to_le_bytes());
+                    let q: Vec<u8> = x.iter().map(|v| (v * inverse + 8.5).clamp(0.0, 15.0) as u8).collect();
+                    nibbles(&q, &mut out);
+                }
+                TensorType::Q4_1 => {
+                    let (min, max) = x.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                    let d = (max - min) / 15.0;
+                    let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
+                    out.extend(f16::from_f32(d).to_le_bytes());
+                    out.extend(f16::from_f32(min).to_le_bytes());
+                    let q: Vec<u8> = x.iter().map(|v| ((v - min) * inverse + 0.5).clamp(0.0, 15.0) as u8).collect();
+                    nibbles(&q, &mut out);
+                }
+                _ => return None,
+            }
+        }
+        Some(out)
+    }
+}
+
+impl TensorType {
     /// `(bits, values)` of the groups [`Self::affine_groups`] gives: every quantised type's
     /// values are unsigned `bits`-bit integers in groups of `values` sharing a scale and a
     /// minimum. `None` for the float types.
@@ -356,6 +401,25 @@ mod tests {
                 assert_eq!(got, expected, "{kind}");
             }
         }
+    }
+
+    /// Quantised values come back within half a step of each block's scale (Q4_0: a whole step
+    /// at the positive end, which its −8…7 range clips, as ggml's does).
+    #[test]
+    fn quantised_values_come_back_within_half_a_step() {
+        let values: Vec<f32> = (0..96).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();
+        for (kind, steps) in [(TensorType::Q8_0, 254.0), (TensorType::Q4_0, 8.0), (TensorType::Q4_1, 15.0), (TensorType::F16, 2048.0), (TensorType::BF16, 256.0)] {
+            let bytes = kind.quantize(&values).unwrap();
+            assert_eq!(Some(bytes.len()), kind.byte_len(values.len()), "{kind}");
+            let back = kind.dequantize(&bytes, values.len()).unwrap();
+            for (block, (x, y)) in values.chunks(32).zip(back.chunks(32)).enumerate() {
+                let range = x.iter().fold(0f32, |m, v| m.max(v.abs())) * 2.0;
+                for (a, b) in x.iter().zip(y) {
+                    assert!((a - b).abs() <= range / steps * 0.55, "{kind} block {block}: {a} came back {b}");
+                }
+            }
+        }
+        assert_eq!(TensorType::Q6K.quantize(&[0.0; 256]), None, "tally does not write K-quants");
     }
 
     /// Hand-made blocks with known values. Every type is also checked end to end: the GGUF
