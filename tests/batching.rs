@@ -107,7 +107,7 @@ fn a_batchs_cache_misses_are_prefilled_together_and_share_their_common_part() {
 
 #[test]
 fn a_warmed_up_scorer_counts_nothing_and_answers_as_before() {
-    let options = ScorerOptions { pass_budget: tally_core::PassBudget { max_tokens: 64, ..Default::default() }, prefix_cache_bytes: 64 << 20 };
+    let options = ScorerOptions { pass_budget: tally_core::PassBudget { max_tokens: 64, ..Default::default() }, prefix_cache_bytes: 64 << 20, ..ScorerOptions::default() };
     let mut scorer = Scorer::<Cpu>::load(&fixtures().join("models/tied-gqa"), &Default::default(), options).unwrap();
     assert!(scorer.warmup_steps().is_empty(), "the CPU compiles and tunes nothing, so needs no warm-up");
     // The steps a CubeCL backend asks for (tally_shaders::autotune), run on the CPU: a warm-up
@@ -133,7 +133,7 @@ fn a_warmed_up_scorer_counts_nothing_and_answers_as_before() {
 /// A request nobody waits for any more is dropped between passes; the others keep their answers.
 #[test]
 fn abandoned_requests_stop_between_passes() {
-    let options = ScorerOptions { pass_budget: tally_core::PassBudget { max_tokens: 8, ..Default::default() }, prefix_cache_bytes: 0 };
+    let options = ScorerOptions { pass_budget: tally_core::PassBudget { max_tokens: 8, ..Default::default() }, prefix_cache_bytes: 0, ..ScorerOptions::default() };
     let mut scorer = Scorer::<Cpu>::load(&fixtures().join("models/tied-gqa"), &Default::default(), options).unwrap();
     let (kept, expected) = case("tied_one_token_query_many_items");
     let (abandoned, _) = case("tied_long_query");

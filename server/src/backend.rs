@@ -80,7 +80,27 @@ pub enum Matmul {
     Block,
 }
 
-/// `--backend`, `--dtype`, `--attention` and `--matmul`, shared by every command that runs the model.
+/// How weight matrices are held (`tally_model::WeightForm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Weights {
+    /// As the file stores them (GGUF's quantised blocks, bf16/f16 checkpoints when computing in
+    /// float32), expanded to float a panel at a time as they are multiplied: the file's size in
+    /// memory instead of two to eight times it.
+    Compact,
+    /// Dequantised to float at load: more memory, no expansion per pass.
+    Float,
+}
+
+impl From<Weights> for tally_model::WeightForm {
+    fn from(weights: Weights) -> Self {
+        match weights {
+            Weights::Compact => tally_model::WeightForm::Compact,
+            Weights::Float => tally_model::WeightForm::Float,
+        }
+    }
+}
+
+/// `--backend`, `--dtype`, `--attention`, `--matmul` and `--weights`, shared by every command that runs the model.
 #[derive(Args, Clone, Copy, Debug)]
 pub struct DeviceArgs {
     #[arg(long, value_enum, default_value_t = BackendKind::default())]
@@ -93,6 +113,8 @@ pub struct DeviceArgs {
     pub matmul: Matmul,
     #[arg(long, value_enum, default_value_t = Elementwise::Burn)]
     pub elementwise: Elementwise,
+    #[arg(long, value_enum, default_value_t = Weights::Compact)]
+    pub weights: Weights,
     /// Query rows a cube of `--attention tiled` takes (16 per plane of 32 units).
     #[arg(long, default_value = "64", value_parser = tile_size(["16", "32", "64", "128"]))]
     pub tile_rows: usize,

@@ -33,7 +33,7 @@ impl WithBackend for ScenarioCommand {
     type Output = Value;
 
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Value> {
-        let scorer = crate::loading::load_scorer::<B>(&self.bench.model, &device, self.bench.prefix_cache_bytes(), self.bench.max_batch_tokens, self.device.routes())?;
+        let scorer = crate::loading::load_scorer::<B>(&self.bench.model, &device, self.bench.prefix_cache_bytes(), self.bench.max_batch_tokens, &self.device)?;
         let result = tally_bench::scenario::run(&self.bench, scorer, &runs_on(self.device));
         #[cfg(feature = "cuda")]
         if let Some(gemms) = tally_model::cublas::profile_table() {

@@ -6,14 +6,17 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use tally_core::PassBudget;
 use tally_engine::{Scorer, ScorerOptions};
-use tally_model::{Routes, ScoringBackend};
+use tally_model::ScoringBackend;
+
+use crate::backend::DeviceArgs;
 
 
-/// Loads `model` with a prefix cache of `prefix_cache_bytes`, the routes asked for,
-/// and passes of `max_batch_tokens` (`--max-batch-tokens`) or, if not given, as many as the
-/// device's free memory allows, else [`PassBudget::default`]'s.
-pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_cache_bytes: usize, max_batch_tokens: Option<usize>, routes: Routes) -> Result<Scorer<B>> {
-    let options = ScorerOptions { prefix_cache_bytes, ..ScorerOptions::default() };
+/// Loads `model` with a prefix cache of `prefix_cache_bytes`, the routes and weight form `flags`
+/// ask for, and passes of `max_batch_tokens` (`--max-batch-tokens`) or, if not given, as many as
+/// the device's free memory allows, else [`PassBudget::default`]'s.
+pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_cache_bytes: usize, max_batch_tokens: Option<usize>, flags: &DeviceArgs) -> Result<Scorer<B>> {
+    let routes = flags.routes();
+    let options = ScorerOptions { prefix_cache_bytes, weights: flags.weights.into(), ..ScorerOptions::default() };
     let bar = ProgressBar::new(0).with_style(ProgressStyle::with_template("loading {msg} {bar:30} {pos}/{len} layers {elapsed}").expect("a valid template"));
     bar.set_message(model.file_name().map_or_else(String::new, |name| name.to_string_lossy().into_owned()));
     let mut progress = |done: usize, total: usize| {

@@ -23,7 +23,7 @@ impl WithBackend for ScoreArgs {
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<String> {
         // A malformed request fails before a possibly large model is loaded.
         let request = self.request.as_deref().map(read_request).transpose()?;
-        let mut scorer = crate::loading::load_scorer::<B>(&self.model, &device, 0, self.max_batch_tokens, self.device.routes())?;
+        let mut scorer = crate::loading::load_scorer::<B>(&self.model, &device, 0, self.max_batch_tokens, &self.device)?;
         match request {
             Some(request) => Ok(serde_json::to_string(&scorer.score(&request)?)? + "\n"),
             None => table(&mut scorer, &self),

@@ -80,7 +80,7 @@ impl WithBackend for Startup {
         let (dir, name) = crate::hub::resolve_model(&args.model)?;
         let served_names = if args.served_model_name.is_empty() { vec![name] } else { args.served_model_name.clone() };
         let name = served_names[0].clone();
-        let mut scorer = crate::loading::load_scorer::<B>(&dir, &device, args.prefix_cache_mib << 20, args.max_batch_tokens, args.device.routes())?.with_model_name(name);
+        let mut scorer = crate::loading::load_scorer::<B>(&dir, &device, args.prefix_cache_mib << 20, args.max_batch_tokens, &args.device)?.with_model_name(name);
         let max_batch_tokens = scorer.max_pass_tokens();
         if !args.no_warmup {
             lifecycle.set(Phase::WarmingUp);

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
-use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, ModelConfig, OpenedModel, QueryBatch, Routes, ScoringBackend, WeightStorage, PREFILL_CHUNK};
+use tally_model::weights::FloatOnly;
+use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, ModelConfig, OpenedModel, QueryBatch, Routes, ScoringBackend, WeightForm, WeightStorage, PREFILL_CHUNK};
 
 use crate::prefill::{prefill_queries, PrefixCacheUse};
 use crate::prefix_cache::PrefixLru;
@@ -34,6 +35,8 @@ pub struct ScorerOptions {
     pub pass_budget: PassBudget,
     /// Device bytes for prefilled queries kept across requests; 0 disables the cache.
     pub prefix_cache_bytes: usize,
+    /// Weight matrices as the file stores them, or as float.
+    pub weights: WeightForm,
 }
 
 /// One request's answer from a batch.
@@ -72,7 +75,11 @@ impl<B: ScoringBackend> Scorer<B> {
     /// A model whose files are already open (or in memory), named `model_name` in responses.
     pub fn from_opened(opened: OpenedModel, model_name: String, device: &B::Device, options: ScorerOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self, EngineError> {
         let tokenizer = TextTokenizer::from_source(opened.tokenizer)?;
-        let model = DecoderModel::load(opened.config, opened.weights.as_ref(), device, progress).map_err(LoadError::from)?;
+        let weights = match options.weights {
+            WeightForm::Compact => opened.weights,
+            WeightForm::Float => Box::new(FloatOnly(opened.weights)),
+        };
+        let model = DecoderModel::load(opened.config, weights.as_ref(), device, progress).map_err(LoadError::from)?;
         let config = model.config();
         let limits = ModelLimits { vocab_size: config.vocab_size, max_positions: config.max_position_embeddings };
         let stats = Arc::new(EngineStats::default());

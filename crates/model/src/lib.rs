@@ -51,6 +51,7 @@ pub use tally_shaders::cublas;
 pub use config::{Family, ModelConfig};
 pub use decoder::DecoderModel;
 pub use weight::WeightStorage;
+pub use weights::WeightForm;
 pub use kv::PrefixKv;
 pub use matmul::Matmul;
 pub use route::{AttentionRoute, ElementwiseRoute, LabelRoute, Routes, TileShape};

@@ -43,9 +43,19 @@ pub trait TensorSource {
     }
 }
 
-/// A checkpoint read as float only: every matrix dequantised at load, as a backend without
-/// block kernels holds it (the browser's kernel check: the reference it compares compact
-/// weights against).
+/// How a model holds its weight matrices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WeightForm {
+    /// As the file stores them (quantised blocks, 16-bit floats) where the backend multiplies
+    /// them so: a panel expanded to float at a time.
+    #[default]
+    Compact,
+    /// Dequantised to float at load: more memory, no expansion per pass.
+    Float,
+}
+
+/// A checkpoint read as float only: every matrix dequantised at load (`WeightForm::Float`; the
+/// browser's kernel check: the reference it compares compact weights against).
 pub struct FloatOnly(pub Box<dyn TensorSource>);
 
 impl TensorSource for FloatOnly {
