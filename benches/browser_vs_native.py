@@ -10,6 +10,9 @@ register-block matmul (`--matmul block`). Also the wasm module's size, raw and g
 with the ratios page / native; the machine is in it.
 
 usage: benches/browser_vs_native.py --tally target/release/tally [--dist web/dist] [--out FILE]
+                                   [--model F.gguf ...]
+--model adds a GGUF with a tokenizer (e.g. the Qwen3-0.6B-shaped Q8_0 of benches/make_gguf.py),
+linked into the dist's models/ and scored with SmolLM2's 4-item request.
 """
 
 import argparse
@@ -30,9 +33,9 @@ import run as browser  # noqa: E402  (the DevTools driver and `tally serve` star
 WIDE_VOCAB = "wide-vocab"
 
 
-def requests(dist):
-    """(name, page URL, native path, request): the fixture with a tokenizer, and SmolLM2 with 4
-    and with 20 items."""
+def requests(dist, extra_models):
+    """(name, page URL, native path, request): the fixture with a tokenizer, SmolLM2 with 4 and
+    with 20 items, and each extra model with SmolLM2's 4-item request."""
     fixture = json.loads((browser.CASES / "wide_vocab_text.json").read_text())["request"]
     out = [("wide-vocab fixture (2 layers, hidden 16, vocab 151936)", f"models/{WIDE_VOCAB}", dist / "models" / WIDE_VOCAB, fixture)]
     smollm2 = dist / "models" / browser.SMOLLM2
@@ -43,6 +46,13 @@ def requests(dist):
                      "Finland", "Denmark", "Ireland", "Belgium", "Hungary", "Romania", "Bulgaria", "Croatia", "Egypt", "Japan"]
         twenty = dict(case["request"], items=[f" {country} is" for country in countries])
         out.append(("SmolLM2-135M-Instruct Q4_1, 20 items", f"models/{browser.SMOLLM2}", smollm2, twenty))
+    request = json.loads((ROOT / "tests" / "fixtures" / "smollm2.json").read_text())["cases"][0]["request"]
+    for model in extra_models:
+        model = pathlib.Path(model).resolve()
+        link = dist / "models" / model.name
+        if not link.exists():
+            link.symlink_to(model)
+        out.append((model.name, f"models/{model.name}", model, request))
     return out
 
 
@@ -123,6 +133,7 @@ def main():
     parser.add_argument("--dist", default=str(ROOT / "web" / "dist"))
     parser.add_argument("--chromium", default="chromium")
     parser.add_argument("--warm", type=int, default=5)
+    parser.add_argument("--model", action="append", default=[], help="another GGUF to load and score (see above)")
     parser.add_argument("--out", default=str(ROOT / "benches" / "results" / "browser-vs-native-cpu.json"))
     args = parser.parse_args()
     dist = pathlib.Path(args.dist).resolve()
@@ -137,7 +148,7 @@ def main():
     server, base = browser.start_tally(args.tally, dist)
     devtools = browser.DevTools(args.chromium)
     try:
-        for name, url, native_model, request in requests(dist):
+        for name, url, native_model, request in requests(dist, args.model):
             result["adapter"], in_page = page_timings(devtools, base, url, request, args.warm)
             # Natively with autotune's matmuls (the default) and with the page's (`--matmul block`).
             native = native_timings(args.tally, native_model, request, args.warm, "cubecl")
