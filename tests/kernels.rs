@@ -598,13 +598,23 @@ fn random_stored_rows(kind: tally_model::gguf::TensorType, rows: usize, cols: us
 
 /// Weights kept compact on the device (`tally_model::backend::stored`): every GGUF type tally
 /// reads, stacked with a reordered Q8_0 segment as a fused projection is, expanded by token id
-/// (ids out of order, repeated) and multiplied — with one device buffer, with buffers of 1–3
-/// rows and panels of 2 rows (so panels cross buffers and segments), rows of the kernel's
+/// (ids out of order, repeated) and multiplied — as expanded panels and expanded in registers
+/// (the block route: x rows 1, 5 and 9 about its 8-row blocks; 11 and 9 weight rows about its
+/// 8-column ones) — with one device buffer, with buffers of 1–3 rows and panels of 2 rows (so panels cross buffers and segments), rows of the kernel's
 /// cube (256 words) just under, at and past it — against the CPU's dequantisation, which
 /// tally's GGUF fixtures check against the `gguf` package: rows exactly, products within
 /// float32 rounding of the float64 product. Then through the fusion backend.
 fn stored_matrices_expand_exactly_and_multiply_across_pieces_and_panels() {
     use tally_model::backend::stored::{Limits, StoredMatrix};
+    use tally_shaders::{set_matmul_route, MatmulRoute};
+    /// Puts the process back on CubeCL's matmuls however the test ends.
+    struct CubeclAfter;
+    impl Drop for CubeclAfter {
+        fn drop(&mut self) {
+            set_matmul_route(MatmulRoute::Cubecl);
+        }
+    }
+    let _cubecl_after = CubeclAfter;
     use tally_model::blocks::{BlockBytes, BlockMatrix, BlockRows};
     use tally_model::gguf::TensorType;
     let cols = 256;
@@ -629,15 +639,20 @@ fn stored_matrices_expand_exactly_and_multiply_across_pieces_and_panels() {
                 let expected: Vec<f32> = ids.iter().flat_map(|&id| cpu[id as usize * cols..(id as usize + 1) * cols].to_vec()).collect();
                 let got = host(<Gpu>::block_rows(&stored, &ids, &Default::default()));
                 assert_close(&got, &expected, 0.0, &format!("{}: rows {ids:?}", what(name)));
-                for m in [1, 5] {
-                    let x = random(seed + 9, m * cols, 1.0);
-                    for range in [0..total, 2..total - 1] {
-                        let reference: Vec<f32> = cpu[range.start * cols..range.end * cols].to_vec();
-                        let expected = host_matmul(&x, &reference, [1, m, cols, range.len()], true);
-                        let got = host(<Gpu>::block_matmul(tensor(&x, [m, cols]), &stored, range.clone()));
-                        assert_close(&got, &expected, 2e-5, &format!("{}: x [{m}, {cols}] · rows {range:?}", what(name)));
+                // Expanded panels and the routed matmul; then expanded in registers (the block route).
+                for route in [MatmulRoute::Cubecl, MatmulRoute::Block] {
+                    set_matmul_route(route);
+                    for m in [1, 5, 9] {
+                        let x = random(seed + 9, m * cols, 1.0);
+                        for range in [0..total, 2..total - 1] {
+                            let reference: Vec<f32> = cpu[range.start * cols..range.end * cols].to_vec();
+                            let expected = host_matmul(&x, &reference, [1, m, cols, range.len()], true);
+                            let got = host(<Gpu>::block_matmul(tensor(&x, [m, cols]), &stored, range.clone()));
+                            assert_close(&got, &expected, 2e-5, &format!("{}, {route:?} route: x [{m}, {cols}] · rows {range:?}", what(name)));
+                        }
                     }
                 }
+                set_matmul_route(MatmulRoute::Cubecl);
             }
         }
     }

@@ -20,9 +20,10 @@
 
 use std::ops::Range;
 
-use burn_backend::{DType, Shape};
+use burn_backend::{DType, Shape, TensorMetadata};
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
@@ -241,6 +242,177 @@ impl<R: CubeRuntime> StoredRows<R> {
             )
         };
         out
+    }
+}
+
+impl<R: CubeRuntime> StoredRows<R> {
+    /// `x · self[rows]ᵀ` into columns `first_column..first_column + rows.len()` of `out`
+    /// (`[m, out_cols]`, contiguous, `x`'s dtype), each unit keeping a block of 8 × 8 outputs in
+    /// registers and expanding the weights it reads there — the register-block matmul
+    /// (`block_matmul`) reading words: no float panel is written or read back, which is what
+    /// costs on software adapters.
+    pub fn matmul_into(&self, x: &CubeTensor<R>, rows: Range<usize>, out: &CubeTensor<R>, first_column: usize) {
+        let x = into_contiguous(x.clone());
+        let [m, k] = x.shape().dims::<2>();
+        let out_cols = out.shape()[1];
+        assert!(k == self.cols && rows.end <= self.rows && first_column + rows.len() <= out_cols && out.shape()[0] == m, "x [{m}, {k}] · rows {rows:?} of [{}, {}] into columns {first_column}.. of {out_cols}", self.rows, self.cols);
+        let blocks = m.div_ceil(MATMUL_BLOCK) * rows.len().div_ceil(MATMUL_BLOCK);
+        if blocks == 0 {
+            return;
+        }
+        let (kind, bits, group, single_scales) = self.format.comptime();
+        // Unchecked: reads are clamped into the operands and writes guarded (see the kernel).
+        unsafe {
+            stored_matmul_kernel::launch_unchecked::<R>(
+                &x.client,
+                cubes(blocks.div_ceil(MATMUL_UNITS), 1),
+                CubeDim::new_1d(MATMUL_UNITS as u32),
+                x.clone().into_tensor_arg(),
+                self.words.clone().into_tensor_arg(),
+                out.clone().into_tensor_arg(),
+                m as u32,
+                k as u32,
+                rows.start as u32,
+                rows.len() as u32,
+                first_column as u32,
+                out_cols as u32,
+                self.format.row_words(self.cols).expect("checked at upload") as u32,
+                kind,
+                bits,
+                group,
+                single_scales,
+                x.dtype.into(),
+            )
+        };
+    }
+}
+
+/// Outputs along each side of a unit's block in [`StoredRows::matmul_into`].
+const MATMUL_BLOCK: usize = 8;
+/// Units per cube of it.
+const MATMUL_UNITS: usize = 64;
+
+/// One unit per 8 × 8 block of outputs: x rows `first_row..+8` × weight rows `first..+8`
+/// (rows past the edge read the last one and are never written). Weight values are expanded
+/// once per unit, each used for 8 rows of `x`.
+#[cube(launch_unchecked)]
+fn stored_matmul_kernel<F: Float>(
+    x: &Tensor<F>,
+    words: &Tensor<u32>,
+    out: &mut Tensor<F>,
+    m: u32,
+    k: u32,
+    first_weight_row: u32,
+    weight_rows: u32,
+    first_column: u32,
+    out_cols: u32,
+    row_words: u32,
+    #[comptime] kind: u32,
+    #[comptime] bits: u32,
+    #[comptime] group: u32,
+    #[comptime] single_scales: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let block_side = comptime![MATMUL_BLOCK];
+    let (m, k, weight_rows) = (m as usize, k as usize, weight_rows as usize);
+    let column_blocks = weight_rows.div_ceil(block_side);
+    let block = cube_index() * MATMUL_UNITS + UNIT_POS_X as usize;
+    let first_row = block / column_blocks * block_side;
+    let first_weight = block % column_blocks * block_side;
+    if first_row < m {
+        let mut x_rows = Array::<usize>::new(block_side);
+        #[unroll]
+        for i in 0..block_side {
+            let row = first_row + i;
+            x_rows[i] = if row < m { row } else { m - 1 } * k;
+        }
+        let mut weight_starts = Array::<usize>::new(block_side);
+        #[unroll]
+        for j in 0..block_side {
+            let row = first_weight + j;
+            weight_starts[j] = (first_weight_row as usize + if row < weight_rows { row } else { weight_rows - 1 }) * row_words as usize;
+        }
+        let mut sums = Array::<f32>::new(comptime![MATMUL_BLOCK * MATMUL_BLOCK]);
+        #[unroll]
+        for i in 0..comptime![MATMUL_BLOCK * MATMUL_BLOCK] {
+            sums[i] = 0.0;
+        }
+        let per_word = comptime![(32 / bits) as usize];
+        let mut a = Array::<f32>::new(block_side);
+        let mut packed = Array::<u32>::new(block_side);
+        let mut scales = Array::<f32>::new(block_side);
+        let mut mins = Array::<f32>::new(block_side);
+        if comptime![kind == AFFINE] {
+            let group_words = comptime![(group * bits / 32) as usize];
+            let scale_words = comptime![if single_scales { 2usize } else { 1usize }];
+            let mask = comptime![(1u32 << bits) - 1];
+            let groups = k / comptime![group as usize];
+            for g in 0..groups {
+                let group_offset = g * (group_words + scale_words);
+                #[unroll]
+                for j in 0..block_side {
+                    let first_word = words[weight_starts[j] + group_offset];
+                    scales[j] = if comptime![single_scales] { f32::reinterpret(first_word) } else { half_to_f32(first_word & 0xFFFF) };
+                    mins[j] = if comptime![single_scales] { f32::reinterpret(words[weight_starts[j] + group_offset + 1]) } else { half_to_f32(first_word >> 16) };
+                }
+                for w in 0..group_words {
+                    #[unroll]
+                    for j in 0..block_side {
+                        packed[j] = words[weight_starts[j] + group_offset + scale_words + w];
+                    }
+                    #[unroll]
+                    for v in 0..per_word {
+                        let step = g * comptime![group as usize] + w * per_word + v;
+                        #[unroll]
+                        for i in 0..block_side {
+                            a[i] = f32::cast_from(x[x_rows[i] + step]);
+                        }
+                        #[unroll]
+                        for j in 0..block_side {
+                            let q = (packed[j] >> (comptime![v as u32] * bits)) & mask;
+                            let weight = f32::cast_from(q) * scales[j] + mins[j];
+                            #[unroll]
+                            for i in 0..block_side {
+                                sums[i * block_side + j] += a[i] * weight;
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
+            for w in 0..k / 2 {
+                #[unroll]
+                for j in 0..block_side {
+                    packed[j] = words[weight_starts[j] + w];
+                }
+                #[unroll]
+                for v in 0..2usize {
+                    #[unroll]
+                    for i in 0..block_side {
+                        a[i] = f32::cast_from(x[x_rows[i] + 2 * w + v]);
+                    }
+                    #[unroll]
+                    for j in 0..block_side {
+                        let half = (packed[j] >> comptime![16 * v as u32]) & 0xFFFF;
+                        let weight = if comptime![kind == F16_BITS] { half_to_f32(half) } else { f32::reinterpret(half << 16) };
+                        #[unroll]
+                        for i in 0..block_side {
+                            sums[i * block_side + j] += a[i] * weight;
+                        }
+                    }
+                }
+            }
+        }
+        #[unroll]
+        for i in 0..block_side {
+            #[unroll]
+            for j in 0..block_side {
+                let (row, weight) = (first_row + i, first_weight + j);
+                if row < m && weight < weight_rows {
+                    out[row * out_cols as usize + first_column as usize + weight] = F::cast_from(sums[i * block_side + j]);
+                }
+            }
+        }
     }
 }
 

@@ -1,8 +1,10 @@
 //! Block weights on CubeCL backends: a [`BlockMatrix`] packed into tally-shaders' word formats
 //! ([`StoredFormat`]) on the device, multiplied a panel at a time — a panel of rows expanded to
-//! float by one kernel, then the backend's routed matmul (cuBLASLt, cubek or the register-block
-//! kernel) — the design of llama.cpp's CUDA path for large batches: tensor-core matmuls where
-//! there are tensor cores, and the weights' float form never held beyond one panel.
+//! float by one kernel, then the backend's routed matmul (cuBLASLt or cubek) — the design of
+//! llama.cpp's CUDA path for large batches: tensor-core matmuls where there are tensor cores,
+//! and the weights' float form never held beyond one panel. On the register-block route (software
+//! adapters, the page) one kernel expands the weights in registers instead: writing and reading
+//! back float panels made SmolLM2's page score 1.65× slower.
 //!
 //! GGUF's types map onto the kernel's formats, every value exactly the file's: Q4_0/Q4_1 →
 //! 4-bit groups of 32 with f16 scales (as the file, but Q4_0's implied minimum: 20 bytes a
@@ -15,10 +17,11 @@
 
 use std::ops::Range;
 
-use burn::tensor::{DType, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
 use burn_cubecl::cubecl::prelude::ComputeClient;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-use tally_shaders::{RowPick, Scales, StoredFormat, StoredRows, WordWriter};
+use tally_shaders::{routes_to_block, RowPick, Scales, StoredFormat, StoredRows, WordWriter};
 
 use super::BlockWeight;
 use crate::blocks::{BlockMatrix, BlockRows};
@@ -95,7 +98,9 @@ impl<R: CubeRuntime> StoredMatrix<R> {
         })
     }
 
-    /// `x · self[rows]ᵀ`, a panel of expanded rows at a time, each multiplied by `matmul`.
+    /// `x · self[rows]ᵀ`: on the register-block route (`--matmul block`, the page's kernels) by
+    /// the kernel that expands weights in registers; else a panel of expanded rows at a time,
+    /// each multiplied by `matmul` (the routed matmul: tensor cores where there are some).
     pub fn matmul<F, I, BT>(&self, x: Tensor<CubeBackend<R, F, I, BT>, 2>, rows: Range<usize>, matmul: impl Fn(Tensor<CubeBackend<R, F, I, BT>, 2>, Tensor<CubeBackend<R, F, I, BT>, 2>) -> Tensor<CubeBackend<R, F, I, BT>, 2>) -> Tensor<CubeBackend<R, F, I, BT>, 2>
     where
         F: FloatElement,
@@ -104,6 +109,17 @@ impl<R: CubeRuntime> StoredMatrix<R> {
     {
         assert!(rows.end <= self.rows && !rows.is_empty(), "rows {rows:?} of {}", self.rows);
         let dtype = x.dtype();
+        if routes_to_block(dtype) {
+            let x = x.into_primitive().tensor();
+            let out = empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), Shape::new([x.shape()[0], rows.len()]), dtype);
+            for (placed, piece) in self.placed_pieces() {
+                let (start, end) = (rows.start.max(placed.start), rows.end.min(placed.end));
+                if start < end {
+                    piece.matmul_into(&x, start - placed.start..end - placed.start, &out, start - rows.start);
+                }
+            }
+            return Tensor::from_primitive(TensorPrimitive::Float(out));
+        }
         let panel_rows = (self.panel_bytes / (dtype.size() * self.cols)).max(1);
         let mut products = Vec::new();
         for (placed, piece) in self.placed_pieces() {
