@@ -20,6 +20,16 @@ use tally_model::LabelTable;
 use tally_model::{AttentionRoute, Matmul, ScoringBackend};
 use tally_shaders::{AttentionKernel, StreamedLabelLogprobs, TileShape};
 
+/// Puts the process back on CubeCL's matmuls, nothing forced, however a test ends.
+struct CubeclAfter;
+
+impl Drop for CubeclAfter {
+    fn drop(&mut self) {
+        tally_shaders::force_matmul(None);
+        tally_shaders::set_matmul_route(tally_shaders::MatmulRoute::Cubecl);
+    }
+}
+
 /// Both kernels (the tiled one as its register tile in float32) against the CPU.
 fn check_attention(case: Case, seed: u64) {
     let expected = case.expected(seed);
@@ -346,13 +356,6 @@ fn float32_matmuls_stay_float32() {
 #[cfg(feature = "cuda")]
 fn cublas_matmuls_match_a_float64_product() {
     use tally_shaders::{set_matmul_route, MatmulRoute};
-    /// Puts the process back on CubeCL's matmuls however the test ends.
-    struct CubeclAfter;
-    impl Drop for CubeclAfter {
-        fn drop(&mut self) {
-            set_matmul_route(MatmulRoute::Cubecl);
-        }
-    }
     assert!(tally_shaders::cublas::available(), "libcublasLt must load on a CUDA machine");
     let cases = [([1, 37, 576, 200], false), ([1, 37, 48, 1000], true), ([2, 28, 24, 700], true), ([2, 28, 1000, 64], false), ([1, 1, 64, 33], false), ([3, 17, 1, 5], true), ([2, 9, 40, 1], false)];
     for (seed, &([batch, m, k, n], rhs_transposed)) in cases.iter().enumerate() {
@@ -380,13 +383,6 @@ fn cublas_matmuls_match_a_float64_product() {
 /// (which the kernel declines) included.
 fn block_matmuls_match_a_float64_product_at_every_block_edge() {
     use tally_shaders::{block_matmul, set_matmul_route, MatmulRoute, RegisterBlock};
-    /// Puts the process back on CubeCL's matmuls however the test ends.
-    struct CubeclAfter;
-    impl Drop for CubeclAfter {
-        fn drop(&mut self) {
-            set_matmul_route(MatmulRoute::Cubecl);
-        }
-    }
     let operands = |lhs: &[f32], rhs: &[f32], [m, k, n]: [usize; 3], rhs_transposed: bool| {
         let rhs = if rhs_transposed { tensor::<Gpu, 2>(rhs, [n, k]).transpose() } else { tensor(rhs, [k, n]) };
         (tensor::<Gpu, 2>(lhs, [m, k]), rhs)
@@ -438,14 +434,6 @@ fn checked_matmul_choice_keeps_only_right_candidates() {
     use tally_shaders::matmul_choice::{ClassDtype, MatmulShape};
     use tally_shaders::matmul_tuning::{time_checked, tune_matmul, Candidate, Outcome};
     use tally_shaders::{block_matmul, force_matmul, matmul_choices, set_matmul_route, MatmulKernel, MatmulRoute, RegisterBlock};
-    /// Puts the process back on CubeCL's matmuls, nothing forced, however the test ends.
-    struct CubeclAfter;
-    impl Drop for CubeclAfter {
-        fn drop(&mut self) {
-            force_matmul(None);
-            set_matmul_route(MatmulRoute::Cubecl);
-        }
-    }
     let _cubecl_after = CubeclAfter;
     let device = Default::default();
     let block = |lhs: &CubeTensor<GpuRuntime>, rhs: &CubeTensor<GpuRuntime>| block_matmul(lhs, rhs, RegisterBlock::DEFAULT);
@@ -607,13 +595,6 @@ fn random_stored_rows(kind: tally_model::gguf::TensorType, rows: usize, cols: us
 fn stored_matrices_expand_exactly_and_multiply_across_pieces_and_panels() {
     use tally_model::backend::stored::{Limits, StoredMatrix};
     use tally_shaders::{set_matmul_route, MatmulRoute};
-    /// Puts the process back on CubeCL's matmuls however the test ends.
-    struct CubeclAfter;
-    impl Drop for CubeclAfter {
-        fn drop(&mut self) {
-            set_matmul_route(MatmulRoute::Cubecl);
-        }
-    }
     let _cubecl_after = CubeclAfter;
     use tally_model::blocks::{BlockBytes, BlockMatrix, BlockRows};
     use tally_model::gguf::TensorType;

@@ -184,14 +184,6 @@ impl<R: CubeRuntime> StoredRows<R> {
         self.rows
     }
 
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-
-    pub fn format(&self) -> StoredFormat {
-        self.format
-    }
-
     /// Bytes held on the device.
     pub fn bytes(&self) -> usize {
         self.rows * self.format.row_words(self.cols).expect("checked at upload") * 4
@@ -243,9 +235,7 @@ impl<R: CubeRuntime> StoredRows<R> {
         };
         out
     }
-}
 
-impl<R: CubeRuntime> StoredRows<R> {
     /// `x · self[rows]ᵀ` into columns `first_column..first_column + rows.len()` of `out`
     /// (`[m, out_cols]`, contiguous, `x`'s dtype), each unit keeping a block of 8 × 8 outputs in
     /// registers and expanding the weights it reads there — the register-block matmul
@@ -351,9 +341,8 @@ fn stored_matmul_kernel<F: Float>(
                 let group_offset = g * (group_words + scale_words);
                 #[unroll]
                 for j in 0..block_side {
-                    let first_word = words[weight_starts[j] + group_offset];
-                    scales[j] = if comptime![single_scales] { f32::reinterpret(first_word) } else { half_to_f32(first_word & 0xFFFF) };
-                    mins[j] = if comptime![single_scales] { f32::reinterpret(words[weight_starts[j] + group_offset + 1]) } else { half_to_f32(first_word >> 16) };
+                    scales[j] = group_scale(words, weight_starts[j] + group_offset, single_scales);
+                    mins[j] = group_min(words, weight_starts[j] + group_offset, single_scales);
                 }
                 for w in 0..group_words {
                     #[unroll]
@@ -393,8 +382,7 @@ fn stored_matmul_kernel<F: Float>(
                     }
                     #[unroll]
                     for j in 0..block_side {
-                        let half = (packed[j] >> comptime![16 * v as u32]) & 0xFFFF;
-                        let weight = if comptime![kind == F16_BITS] { half_to_f32(half) } else { f32::reinterpret(half << 16) };
+                        let weight = half_value((packed[j] >> comptime![16 * v as u32]) & 0xFFFF, kind);
                         #[unroll]
                         for i in 0..block_side {
                             sums[i * block_side + j] += a[i] * weight;
@@ -452,9 +440,8 @@ fn expand_rows_kernel<F: Float>(
             let scale_words = comptime![if single_scales { 2usize } else { 1usize }];
             let group_index = word / group_words;
             let group_start = row_start + group_index * (group_words + scale_words);
-            let first_word = words[group_start];
-            let scale = if comptime![single_scales] { f32::reinterpret(first_word) } else { half_to_f32(first_word & 0xFFFF) };
-            let min = if comptime![single_scales] { f32::reinterpret(words[group_start + 1]) } else { half_to_f32(first_word >> 16) };
+            let scale = group_scale(words, group_start, single_scales);
+            let min = group_min(words, group_start, single_scales);
             let values = words[group_start + scale_words + word % group_words];
             let mask = comptime![(1u32 << bits) - 1];
             #[unroll]
@@ -464,15 +451,29 @@ fn expand_rows_kernel<F: Float>(
             }
         } else {
             let values = words[row_start + word];
-            if comptime![kind == F16_BITS] {
-                out[out_start] = F::cast_from(half_to_f32(values & 0xFFFF));
-                out[out_start + 1] = F::cast_from(half_to_f32(values >> 16));
-            } else {
-                out[out_start] = F::cast_from(f32::reinterpret(values << 16));
-                out[out_start + 1] = F::cast_from(f32::reinterpret(values & 0xFFFF_0000u32));
-            }
+            out[out_start] = F::cast_from(half_value(values & 0xFFFF, kind));
+            out[out_start + 1] = F::cast_from(half_value(values >> 16, kind));
         }
     }
+}
+
+/// The scale of the affine group whose scale words start at `start`.
+#[cube]
+fn group_scale(words: &Tensor<u32>, start: usize, #[comptime] single_scales: bool) -> f32 {
+    if comptime![single_scales] { f32::reinterpret(words[start]) } else { half_to_f32(words[start] & 0xFFFF) }
+}
+
+/// The minimum of the affine group whose scale words start at `start`.
+#[cube]
+fn group_min(words: &Tensor<u32>, start: usize, #[comptime] single_scales: bool) -> f32 {
+    if comptime![single_scales] { f32::reinterpret(words[start + 1]) } else { half_to_f32(words[start] >> 16) }
+}
+
+/// The value of a 16-bit float of format `kind` (`F16_BITS` or `BF16_BITS`) from its bits (in
+/// the low half of `bits`), exactly.
+#[cube]
+fn half_value(bits: u32, #[comptime] kind: u32) -> f32 {
+    if comptime![kind == F16_BITS] { half_to_f32(bits) } else { f32::reinterpret(bits << 16) }
 }
 
 /// An IEEE half's value from its 16 bits (in the low half of `bits`), exactly.

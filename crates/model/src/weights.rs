@@ -118,9 +118,6 @@ impl Checkpoint {
         Checkpoint { shards, shard_of }
     }
 
-}
-
-impl Checkpoint {
     /// The tensor `hf_name`: its shard, dtype and absolute byte range, its shape checked against
     /// `expected` (and its range against the file).
     fn tensor(&self, hf_name: &str, expected: &[usize]) -> Result<(&Shard, Dtype, std::ops::Range<usize>), WeightsError> {

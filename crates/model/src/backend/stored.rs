@@ -98,6 +98,15 @@ impl<R: CubeRuntime> StoredMatrix<R> {
         })
     }
 
+    /// The pieces holding rows of `rows`: each with those rows (in the piece) and where they
+    /// start in `rows`.
+    fn pieces_over(&self, rows: Range<usize>) -> impl Iterator<Item = (&StoredRows<R>, Range<usize>, usize)> {
+        self.placed_pieces().filter_map(move |(placed, piece)| {
+            let (start, end) = (rows.start.max(placed.start), rows.end.min(placed.end));
+            (start < end).then(|| (piece, start - placed.start..end - placed.start, start - rows.start))
+        })
+    }
+
     /// `x · self[rows]ᵀ`: on the register-block route (`--matmul block`, the page's kernels) by
     /// the kernel that expands weights in registers; else a panel of expanded rows at a time,
     /// each multiplied by `matmul` (the routed matmul: tensor cores where there are some).
@@ -112,21 +121,16 @@ impl<R: CubeRuntime> StoredMatrix<R> {
         if routes_to_block(dtype) {
             let x = x.into_primitive().tensor();
             let out = empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), Shape::new([x.shape()[0], rows.len()]), dtype);
-            for (placed, piece) in self.placed_pieces() {
-                let (start, end) = (rows.start.max(placed.start), rows.end.min(placed.end));
-                if start < end {
-                    piece.matmul_into(&x, start - placed.start..end - placed.start, &out, start - rows.start);
-                }
+            for (piece, local, column) in self.pieces_over(rows) {
+                piece.matmul_into(&x, local, &out, column);
             }
             return Tensor::from_primitive(TensorPrimitive::Float(out));
         }
         let panel_rows = (self.panel_bytes / (dtype.size() * self.cols)).max(1);
         let mut products = Vec::new();
-        for (placed, piece) in self.placed_pieces() {
-            let (start, end) = (rows.start.max(placed.start), rows.end.min(placed.end));
-            for panel in BlockMatrix::panels(start..end.max(start), panel_rows) {
-                let local = panel.start - placed.start..panel.end - placed.start;
-                let weights = Tensor::<CubeBackend<R, F, I, BT>, 2>::from_primitive(TensorPrimitive::Float(piece.expand(RowPick::Range(local), dtype)));
+        for (piece, local, _) in self.pieces_over(rows) {
+            for panel in BlockMatrix::panels(local, panel_rows) {
+                let weights = Tensor::<CubeBackend<R, F, I, BT>, 2>::from_primitive(TensorPrimitive::Float(piece.expand(RowPick::Range(panel), dtype)));
                 products.push(matmul(x.clone(), weights.transpose()));
             }
         }
