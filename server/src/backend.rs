@@ -38,11 +38,11 @@ pub enum DType {
 /// Which multi-item attention runs (`tally_model::AttentionRoute`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Attention {
-    /// tally's multi-item kernel on wgpu and CUDA, one query row per unit (masked tiles never
-    /// computed). The CPU has no kernels: it runs the cascade, and says so.
+    /// tally's multi-item kernel: on wgpu and CUDA one query row per unit (masked tiles never
+    /// computed); on the CPU blocks of rows over the cores, one softmax over prefix and item.
     Kernel,
     /// The tiled multi-item kernel: tiles of `--tile-rows` query rows × `--tile-keys` keys on
-    /// tensor cores (CUDA, bfloat16), in registers on wgpu and in float32. The cascade on the CPU.
+    /// tensor cores (CUDA, bfloat16), in registers on wgpu and in float32. The CPU's kernel on the CPU.
     Tiled,
     /// Prefix part as one batched matmul per KV head (tensor cores on CUDA), own-item part
     /// padded, merged by log-sum-exp: plain Burn ops.
@@ -52,17 +52,20 @@ pub enum Attention {
 /// How the layers' elementwise steps run (`tally_model::ElementwiseRoute`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Elementwise {
-    /// Burn's ops (fused by Burn's fusion layer on wgpu and CUDA).
+    /// The backend's faster: `kernels` on the CPU (measured there), `burn` on wgpu and CUDA
+    /// (until the GPU suite shows the kernels faster).
+    Auto,
+    /// Burn's ops (fused by Burn's fusion layer on wgpu and CUDA; one op at a time on the CPU).
     Burn,
-    /// tally's fused kernels on wgpu and CUDA: residual add + RMSNorm, the q/k norm with RoPE,
-    /// and `silu(gate) · up`, one launch each. Burn's ops on the CPU.
+    /// tally's fused kernels: residual add + RMSNorm, the q/k norm with RoPE, and `silu(gate) ·
+    /// up`, one launch each on wgpu and CUDA, one pass over the rows each on the CPU.
     Kernels,
 }
 
 impl From<Elementwise> for tally_model::ElementwiseRoute {
     fn from(elementwise: Elementwise) -> Self {
         match elementwise {
-            Elementwise::Burn => tally_model::ElementwiseRoute::Burn,
+            Elementwise::Burn | Elementwise::Auto => tally_model::ElementwiseRoute::Burn,
             Elementwise::Kernels => tally_model::ElementwiseRoute::Kernels,
         }
     }
@@ -111,7 +114,7 @@ pub struct DeviceArgs {
     pub attention: Attention,
     #[arg(long, value_enum, default_value_t = Matmul::Cubecl)]
     pub matmul: Matmul,
-    #[arg(long, value_enum, default_value_t = Elementwise::Burn)]
+    #[arg(long, value_enum, default_value_t = Elementwise::Auto)]
     pub elementwise: Elementwise,
     #[arg(long, value_enum, default_value_t = Weights::Compact)]
     pub weights: Weights,
@@ -137,7 +140,16 @@ impl DeviceArgs {
             Attention::Tiled => tally_model::AttentionRoute::Tiled(self.tile()),
             Attention::Cascade => tally_model::AttentionRoute::Cascade,
         };
-        tally_model::Routes { attention, elementwise: self.elementwise.into(), ..Default::default() }
+        tally_model::Routes { attention, elementwise: self.elementwise().into(), ..Default::default() }
+    }
+
+    /// `--elementwise`, `auto` resolved for the backend.
+    pub fn elementwise(&self) -> Elementwise {
+        match (self.elementwise, self.backend) {
+            (Elementwise::Auto, BackendKind::Cpu) => Elementwise::Kernels,
+            (Elementwise::Auto, BackendKind::Wgpu | BackendKind::Cuda) => Elementwise::Burn,
+            (asked, _) => asked,
+        }
     }
 
     /// The tiled kernel's tile (`--tile-rows`, `--tile-keys`).

@@ -1,7 +1,7 @@
 //! The seam between the model and the backends: [`ScoringBackend`], what a Burn backend offers
 //! scoring beyond Burn's ops. Every method but the block weights' has a plain-Burn default (the
 //! reference), so a backend without kernels implements only how it holds weight matrices
-//! ([`ndarray`], the CPU: panels dequantised on the host); CubeCL backends put tally-shaders'
+//! ([`cpu`], burn-ndarray: panels dequantised on the host); CubeCL backends put tally-shaders'
 //! kernels behind it (`cube`, feature `cubecl`; `stored`: weights packed on the device). A new kernel or library (a
 //! tensor-core attention, cuBLAS) is one more route a backend's impl answers, not a branch in
 //! the decoder.
@@ -9,7 +9,7 @@
 #[cfg(feature = "cubecl")]
 mod cube;
 #[cfg(feature = "ndarray")]
-mod ndarray;
+mod cpu;
 #[cfg(feature = "cubecl")]
 pub mod stored;
 
