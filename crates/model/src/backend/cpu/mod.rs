@@ -16,8 +16,10 @@ mod matmul;
 
 use std::ops::Range;
 
+use burn::backend::ndarray::NdArrayTensor;
 use burn::backend::NdArray;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use ndarray::Axis;
 
 use self::attention::{HostAttentionPlan, Operands};
 use super::{BlockWeight, PlannedAttention, ScoringBackend};
@@ -113,9 +115,32 @@ impl PlannedAttention<Cpu> for HostAttentionPlan {
     }
 }
 
-/// A tensor's values, row-major.
+/// A tensor's values, row-major: its own buffer where the tensor is the only owner of a
+/// contiguous one, else copied — a lane at a time where it is a strided view (the decoder's q/k/v
+/// are column ranges of the fused projection). Burn's `into_data` copies both of the latter an
+/// element at a time through a dynamic-rank iterator: 8% of a Qwen3-0.6B score.
 fn host<const D: usize>(x: Tensor<Cpu, D>) -> Vec<f32> {
-    x.into_data().into_vec::<f32>().expect("float32 tensors on the CPU backend")
+    let primitive = x.into_primitive().tensor();
+    let NdArrayTensor::F32(storage) = &primitive else {
+        panic!("float32 tensors on the CPU backend");
+    };
+    let view = storage.view();
+    if let Some(values) = view.as_slice() {
+        if !storage.is_unique() {
+            return values.to_vec();
+        }
+        // The buffer itself, no copy.
+        let tensor = Tensor::<Cpu, D>::from_primitive(TensorPrimitive::Float(primitive));
+        return tensor.into_data().into_vec::<f32>().expect("float32 tensors on the CPU backend");
+    }
+    let mut values = Vec::with_capacity(view.len());
+    for lane in view.lanes(Axis(view.ndim() - 1)) {
+        match lane.as_slice() {
+            Some(lane) => values.extend_from_slice(lane),
+            None => values.extend(lane.iter().copied()),
+        }
+    }
+    values
 }
 
 fn tensor<const D: usize>(values: Vec<f32>, shape: [usize; D], device: &burn::backend::ndarray::NdArrayDevice) -> Tensor<Cpu, D> {
