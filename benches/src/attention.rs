@@ -94,7 +94,7 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
         "dense_masked_ms": dense_ms,
         "tiled_ms": tiled_ms,
         "tile": tile.to_string(),
-        // What the backend runs for each route asked (the CPU has no kernels: the cascade).
+        // What the backend runs for each route asked (the CPU runs its one kernel for both).
         "routes_run": {"kernel": runs(kernel_route), "tiled": runs(tiled_route)},
         "cascade_ms": cascade_ms,
         "kernel_plan_ms": kernel_plan_ms,
