@@ -246,31 +246,11 @@ impl SharedRows {
 
 #[cfg(test)]
 mod tests {
-    use burn::backend::NdArray;
-    use burn::tensor::{Tensor, TensorData};
-
     use super::*;
     use crate::attention::{multi_item_attention, PaddedPlan};
+    use crate::backend::cpu::test_support::{random, tensor, Cpu};
     use crate::kv::PrefixKv;
 
-    type Cpu = NdArray<f32>;
-
-    /// Seeded uniform values in `[-scale, scale)`.
-    fn random(seed: u64, count: usize, scale: f32) -> Vec<f32> {
-        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..count)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-            })
-            .collect()
-    }
-
-    fn tensor<const D: usize>(values: &[f32], shape: [usize; D]) -> Tensor<Cpu, D> {
-        Tensor::from_data(TensorData::new(values.to_vec(), shape), &Default::default())
-    }
 
     /// Groups of (prefix length, item lengths), `q_heads`/`kv_heads`, `head_dim`: the host kernel
     /// against the cascade in Burn's ops (the reference), on seeded sharp inputs.

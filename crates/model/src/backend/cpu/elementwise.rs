@@ -68,29 +68,12 @@ pub fn silu_mul(gate_up: &[f32], intermediate: usize) -> Vec<f32> {
 
 #[cfg(test)]
 mod tests {
-    use burn::backend::NdArray;
-    use burn::tensor::{Tensor, TensorData};
+    use burn::tensor::Tensor;
 
     use super::*;
+    use crate::backend::cpu::test_support::{random, tensor, Cpu};
     use crate::elementwise as reference;
 
-    type Cpu = NdArray<f32>;
-
-    fn random(seed: u64, count: usize, scale: f32) -> Vec<f32> {
-        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..count)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-            })
-            .collect()
-    }
-
-    fn tensor<const D: usize>(values: &[f32], shape: [usize; D]) -> Tensor<Cpu, D> {
-        Tensor::from_data(TensorData::new(values.to_vec(), shape), &Default::default())
-    }
 
     fn values<const D: usize>(t: Tensor<Cpu, D>) -> Vec<f32> {
         t.into_data().into_vec::<f32>().unwrap()

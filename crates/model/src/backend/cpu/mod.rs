@@ -146,3 +146,28 @@ fn host<const D: usize>(x: Tensor<Cpu, D>) -> Vec<f32> {
 fn tensor<const D: usize>(values: Vec<f32>, shape: [usize; D], device: &burn::backend::ndarray::NdArrayDevice) -> Tensor<Cpu, D> {
     Tensor::from_data(TensorData::new(values, shape), device)
 }
+
+/// Seeded inputs for the host kernels' tests, which check them against Burn's ops.
+#[cfg(test)]
+mod test_support {
+    use burn::tensor::{Tensor, TensorData};
+
+    pub type Cpu = super::Cpu;
+
+    /// Seeded uniform values in `[-scale, scale)`.
+    pub fn random(seed: u64, count: usize, scale: f32) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..count)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    pub fn tensor<const D: usize>(values: &[f32], shape: [usize; D]) -> Tensor<Cpu, D> {
+        Tensor::from_data(TensorData::new(values.to_vec(), shape), &Default::default())
+    }
+}
