@@ -226,7 +226,7 @@ fn sigterm_drains_every_accepted_request() {
     let request = case("tied_long_query")["request"].to_string();
     let url = format!("{}/v1/score", server.url);
     // Enough work that requests are still running after the probes, on a fast CPU too.
-    let clients: Vec<_> = (0..48)
+    let clients: Vec<_> = (0..96)
         .map(|_| {
             let (url, request) = (url.clone(), request.clone());
             std::thread::spawn(move || read(ureq::post(&url).send_string(&request)).0)
@@ -241,7 +241,7 @@ fn sigterm_drains_every_accepted_request() {
     assert_eq!((status, refused["type"].as_str()), (503, Some("ServiceUnavailableError")), "{refused}");
     assert!(clients.iter().any(|c| !c.is_finished()), "the drain test needs requests still running after the probes");
     let statuses: Vec<u16> = clients.into_iter().map(|c| c.join().unwrap()).collect();
-    assert_eq!(statuses, vec![200; 48]);
+    assert_eq!(statuses, vec![200; 96]);
     let mut server = server;
     let exit = server.child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
