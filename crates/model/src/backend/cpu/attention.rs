@@ -14,6 +14,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use super::SharedOutput;
 use crate::layout::ItemLayout;
 
 /// Token rows of one task: a block's scores against a 2,000-token prefix (512 KiB) stay in a
@@ -78,13 +79,13 @@ impl HostAttentionPlan {
         }
         // NaN until written: a row a task missed cannot pass for a result.
         let mut out = vec![f32::NAN; tokens * q_heads * head_dim];
-        let out_rows = SharedRows(out.as_mut_ptr());
+        let out_rows = SharedOutput(out.as_mut_ptr());
         tasks.into_par_iter().for_each_init(Vec::new, |scores, task| self.run_task(operands, &task, scores, &out_rows));
         out
     }
 
     /// One task: its rows' attention for one query head, written into `out`.
-    fn run_task(&self, o: &Operands<'_>, task: &Task, scores: &mut Vec<f32>, out: &SharedRows) {
+    fn run_task(&self, o: &Operands<'_>, task: &Task, scores: &mut Vec<f32>, out: &SharedOutput) {
         let (d, kv_heads) = (o.head_dim, o.kv_heads);
         let q_heads = kv_heads * self.group_heads;
         let kv_head = task.head / self.group_heads;
@@ -142,7 +143,7 @@ impl HostAttentionPlan {
         let out_start = (rows.start * q_heads + task.head) * d;
         if prefix_len > 0 {
             // out[rows] = P_prefix · V_prefix
-            // SAFETY: this task alone writes rows `rows` of head `task.head` (see `SharedRows`).
+            // SAFETY: this task alone writes rows `rows` of head `task.head` (see `run`).
             unsafe {
                 multiply(
                     Product { m: rows.len(), n: d, k: prefix_len },
@@ -227,21 +228,6 @@ fn softmax_in_place(scores: &mut [f32]) {
     }
     let inverse = 1.0 / sum;
     scores.iter_mut().for_each(|score| *score *= inverse);
-}
-
-/// The output's first element, shared by the tasks, each of which writes its own rows of one head.
-struct SharedRows(*mut f32);
-
-// SAFETY: tasks write disjoint (row, head) slices of the output (one task per block of rows and
-// query head), so no two threads write one element.
-unsafe impl Send for SharedRows {}
-unsafe impl Sync for SharedRows {}
-
-impl SharedRows {
-    fn at(&self, offset: usize) -> *mut f32 {
-        // SAFETY: callers pass an offset inside the output.
-        unsafe { self.0.add(offset) }
-    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use super::SharedOutput;
 use crate::blocks::BlockMatrix;
 
 /// Bytes of float32 a core dequantises at a time: about half of a core's L2 on current x86.
@@ -34,7 +35,7 @@ pub fn matmul_transposed(x: &[f32], m: usize, w: &BlockMatrix, rows: Range<usize
     let n = rows.len();
     assert_eq!(x.len(), m * k, "x is [m, w.cols()]");
     let mut out = vec![0f32; m * n];
-    let out_columns = SharedColumns(out.as_mut_ptr());
+    let out_columns = SharedOutput(out.as_mut_ptr());
     let panels: Vec<Range<usize>> = BlockMatrix::panels(rows.clone(), panel).collect();
     panels.into_par_iter().for_each_init(
         || (vec![0f32; panel * k], vec![0f32; panel * k]),
@@ -94,21 +95,6 @@ fn transpose(from: &[f32], rows: usize, cols: usize, to: &mut [f32]) {
                 to[c * rows + r] = row[c];
             }
         }
-    }
-}
-
-/// The output's first element, shared by the panels, each of which writes its own columns.
-struct SharedColumns(*mut f32);
-
-// SAFETY: panels write disjoint columns (see `matmul_transposed`), so sharing the pointer
-// between threads never lets two of them write one element.
-unsafe impl Send for SharedColumns {}
-unsafe impl Sync for SharedColumns {}
-
-impl SharedColumns {
-    fn at(&self, column: usize) -> *mut f32 {
-        // SAFETY: callers pass a column inside the output's first row.
-        unsafe { self.0.add(column) }
     }
 }
 

@@ -115,6 +115,22 @@ impl PlannedAttention<Cpu> for HostAttentionPlan {
     }
 }
 
+/// An output buffer's first element, shared by the threads of a host kernel, each of which
+/// writes its own disjoint part of it (a matmul's panel columns, attention's (rows, head) blocks).
+struct SharedOutput(*mut f32);
+
+// SAFETY: the kernels hand each part of the output to one task only, so sharing the pointer
+// between threads never lets two of them write one element.
+unsafe impl Send for SharedOutput {}
+unsafe impl Sync for SharedOutput {}
+
+impl SharedOutput {
+    fn at(&self, offset: usize) -> *mut f32 {
+        // SAFETY: callers pass an offset inside the output.
+        unsafe { self.0.add(offset) }
+    }
+}
+
 /// A tensor's values, row-major: its own buffer where the tensor is the only owner of a
 /// contiguous one, else copied — a lane at a time where it is a strided view (the decoder's q/k/v
 /// are column ranges of the fused projection). Burn's `into_data` copies both of the latter an
