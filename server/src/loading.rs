@@ -26,6 +26,7 @@ pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_c
     let scorer = Scorer::<B>::load_with_progress(model, device, options, &mut progress).with_context(|| format!("cannot load model {}", model.display()));
     bar.finish_and_clear();
     let mut scorer = scorer?;
+    release_loading_memory();
     tracing::info!("weights: {}", scorer.weight_storage());
     scorer.set_routes(routes);
     if scorer.routes() == routes {
@@ -43,4 +44,18 @@ pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_c
     };
     scorer.set_max_pass_tokens(tokens);
     Ok(scorer)
+}
+
+/// Hands the loader's freed heap back to the system. Loading parses the file's metadata and
+/// builds the tokenizer in many small allocations (a ~44 MB peak for SmolLM2's GGUF, most freed
+/// at once); glibc keeps freed small chunks resident, and the passes' large buffers come from
+/// fresh mappings, so without this they stay in the process's memory for its whole life
+/// (SmolLM2: a peak of 176 MiB in `tally score`, of which 94 are the weights).
+fn release_loading_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap memory to the system; it is safe to call at
+    // any time from any thread.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
