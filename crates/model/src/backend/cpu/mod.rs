@@ -55,7 +55,7 @@ impl ScoringBackend for NdArray<f32> {
         let device = x.device();
         let [m, k] = x.dims();
         assert_eq!(k, w.cols(), "x · wᵀ needs x's width to be w's");
-        let x = x.into_data().into_vec::<f32>().expect("float32 activations");
+        let x = host(x);
         let panel = matmul::panel_rows(rows.len(), k, rayon::current_num_threads());
         let out = matmul::matmul_transposed(&x, m, w, rows.clone(), panel);
         Tensor::from_data(TensorData::new(out, [m, rows.len()]), &device)
