@@ -10,7 +10,7 @@ documented values set that deploys the endpoint picker, then
   server's CPU time per scrape × 20 Hz, as a fraction of a core, must stay under 1%; the
   throughput with and without the scraper, alternated, is measured beside it (a gross effect,
   say lock contention, would show there);
-- SIGTERM during a request: readiness turns 503 at once, the request completes, the process exits
+- SIGTERM during requests: readiness turns 503 at once, every request completes, the process exits
   0 within the chart's grace period less its preStop sleep.
 
     python3 tests/deploy/contract.py --tally target/release/tally [--json out.json]
@@ -19,6 +19,7 @@ documented values set that deploys the endpoint picker, then
 import argparse
 import http.client
 import json
+import math
 import os
 import pathlib
 import platform
@@ -222,22 +223,36 @@ def scrape_cpu_seconds(server, scrapes=2000):
     return (server.cpu_seconds() - before) / scrapes
 
 
-def check_sigterm(server, objects, readiness):
-    """SIGTERM with a request in flight: readiness 503 at once, the request answered, exit 0 in time."""
+def timed_score(port, request):
+    """Seconds one /v1/score request takes on an otherwise idle server."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    started = time.monotonic()
+    connection.request("POST", "/v1/score", json.dumps(request), {"Content-Type": "application/json"})
+    connection.getresponse().read()
+    connection.close()
+    return time.monotonic() - started
+
+
+def check_sigterm(server, objects, readiness, max_queue):
+    """SIGTERM with requests in flight: readiness 503 at once, every request answered, exit 0 in time."""
     pod = find(objects, "Deployment", "tally")["spec"]["template"]["spec"]
     budget = pod["terminationGracePeriodSeconds"] - int(pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][1])
-    # A request long enough (64 items, about a second here) to be in flight for the probe.
+    # Enough work in flight to outlast the probe however fast this machine scores: concurrent
+    # 64-item requests adding up to about two seconds (measured here), within the queue's bound.
     long_request = dict(REQUEST, items=REQUEST["items"] * 8)
-    answer = {}
+    one_request = timed_score(server.port, long_request)
+    copies = max(1, min(max_queue // 2, math.ceil(2.0 / one_request)))
+    answers = []
 
     def in_flight():
         connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
         connection.request("POST", "/v1/score", json.dumps(long_request), {"Content-Type": "application/json"})
         response = connection.getresponse()
-        answer["status"], answer["scores"] = response.status, len(json.loads(response.read()).get("scores", []))
+        answers.append((response.status, len(json.loads(response.read()).get("scores", []))))
 
-    client = threading.Thread(target=in_flight)
-    client.start()
+    clients = [threading.Thread(target=in_flight) for _ in range(copies)]
+    for client in clients:
+        client.start()
     time.sleep(0.1)
     started = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
@@ -246,17 +261,21 @@ def check_sigterm(server, objects, readiness):
     status, body = server.get(readiness)
     if status != 503:
         failures.append(f"readiness after SIGTERM: {status} {body}")
-    still_running = client.is_alive()
-    client.join()
-    if not still_running or answer != {"status": 200, "scores": len(long_request["items"])}:
-        failures.append(f"the request in flight at SIGTERM (still running after the probe: {still_running}): {answer}")
+    still_running = sum(client.is_alive() for client in clients)
+    for client in clients:
+        client.join()
+    expected = [(200, len(long_request["items"]))] * copies
+    if not still_running or answers != expected:
+        failures.append(f"the {copies} requests in flight at SIGTERM ({still_running} still running after the probe; "
+                        f"one takes {one_request:.2f} s alone): {answers}")
     try:
         code = server.process.wait(timeout=budget)
         if code != 0:
             failures.append(f"exit status {code} after SIGTERM")
     except subprocess.TimeoutExpired:
         failures.append(f"still running {budget} s after SIGTERM (the grace period less preStop)")
-    return failures, time.monotonic() - started
+    return failures, {"sigterm_exit_seconds": time.monotonic() - started, "sigterm_requests_in_flight": copies,
+                      "sigterm_one_request_seconds": one_request}
 
 
 def run_values_set(tally, model, name, values, report):
@@ -284,9 +303,9 @@ def run_values_set(tally, model, name, values, report):
                  "scrape_ms_p50": 1e3 * statistics.median(scraper.latencies), "scrape_ms_max": 1e3 * max(scraper.latencies)}
         if not report.get("scrape_cost"):
             report["scrape_cost"] = measure_scrape_cost(server, failures)
-        sigterm_failures, drained_in = check_sigterm(server, objects, readiness)
+        sigterm_failures, sigterm = check_sigterm(server, objects, readiness, max_queue)
         failures += sigterm_failures
-        entry["sigterm_exit_seconds"] = drained_in
+        entry.update(sigterm)
         report["values_sets"].append(entry)
     finally:
         server.stop()
