@@ -30,10 +30,14 @@ impl Drop for CubeclAfter {
     }
 }
 
-/// Both kernels (the tiled one as its register tile in float32) against the CPU.
+/// Every kernel (the tile kernels in registers: float32) against the CPU.
 fn check_attention(case: Case, seed: u64) {
     let expected = case.expected(seed);
-    for kernel in [AttentionKernel::Rows, AttentionKernel::Tiled(TileShape::default())] {
+    let (tiled, flash) = (AttentionKernel::Tiled(TileShape::default()), AttentionKernel::Flash(TileShape::default()));
+    // No fallback to the row kernel at these shapes: each case checks the kernel it names.
+    assert_eq!(case.launched::<f32>(tiled), "tiled, registers", "{}", case.name());
+    assert_eq!(case.launched::<f32>(flash), "flash, registers", "{}", case.name());
+    for kernel in [AttentionKernel::Rows, tiled, flash] {
         assert_close(&case.kernel::<f32>(seed, kernel), &expected, 1e-4, &format!("{kernel:?}, {}", case.name()));
     }
 }
@@ -93,7 +97,9 @@ fn attention_every_tile_shape() {
                 // Still checked: the call falls back to the row kernel.
                 eprintln!("note: tile {rows}x{keys} needs more shared memory than this adapter has; the row kernel runs instead");
             }
-            assert_close(&case.kernel::<f32>(21, AttentionKernel::Tiled(shape)), &expected, 1e-4, &format!("tile {rows}x{keys}, {}", case.name()));
+            for kernel in [AttentionKernel::Tiled(shape), AttentionKernel::Flash(shape)] {
+                assert_close(&case.kernel::<f32>(21, kernel), &expected, 1e-4, &format!("{kernel:?} ({}), {}", case.launched::<f32>(kernel), case.name()));
+            }
         }
     }
 }
@@ -101,7 +107,7 @@ fn attention_every_tile_shape() {
 fn attention_through_the_fusion_backend_matches() {
     // The default `Wgpu`/`Cuda` types go through Burn's fusion layer: the wiring in tally-model.
     let case = Case { groups: vec![(40, vec![3, 9]), (7, vec![18])], q_heads: 4, kv_heads: 2, head_dim: 32 };
-    for route in [AttentionRoute::Kernel, AttentionRoute::Tiled(TileShape::default())] {
+    for route in [AttentionRoute::Kernel, AttentionRoute::Tiled(TileShape::default()), AttentionRoute::Flash(TileShape::default())] {
         assert_close(&case.routed_on::<Fused>(7, route), &case.expected(7), 1e-4, &format!("fused, {route:?}"));
     }
 }

@@ -14,9 +14,9 @@ fn attention_in_f16_accumulates_in_f32() {
     assert_eq!(tensor::<Gpu<half::f16>, 1>(&[1.0], [1]).dtype(), DType::F16, "the kernel must see f16 tensors");
     let device = Default::default();
     let tensor_cores = tensor_core_tiles(&<kernel_cases::GpuRuntime as burn_cubecl::cubecl::Runtime>::client(&device), DType::F16);
-    // On CUDA the tiled kernel multiplies f16 tiles on tensor cores (the path bfloat16 models
-    // take); elsewhere in registers. The shapes straddle its 16-key steps and 16-row planes.
-    println!("tiled kernel in f16 on tensor cores: {tensor_cores}");
+    // On CUDA the tile kernels multiply f16 tiles on tensor cores (the path bfloat16 models
+    // take); elsewhere in registers. The shapes straddle their 16-key steps and 16-row planes.
+    println!("tile kernels in f16 on tensor cores: {tensor_cores}");
     let cases = [
         Case { groups: vec![(700, vec![20, 65, 1]), (3, vec![17])], q_heads: 8, kv_heads: 4, head_dim: 64 },
         Case { groups: vec![(2020, vec![20, 20, 3]), (0, vec![5, 1]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128 },
@@ -24,8 +24,12 @@ fn attention_in_f16_accumulates_in_f32() {
     ];
     for (seed, case) in cases.iter().enumerate() {
         let expected = case.expected(seed as u64);
-        for kernel in [AttentionKernel::Rows, AttentionKernel::Tiled(TileShape::default())] {
-            assert_close(&case.kernel::<half::f16>(seed as u64, kernel), &expected, 1e-2, &format!("f16, {kernel:?}, {}", case.name()));
+        for kernel in [AttentionKernel::Rows, AttentionKernel::Tiled(TileShape::default()), AttentionKernel::Flash(TileShape::default())] {
+            let launched = case.launched::<half::f16>(kernel);
+            if kernel != AttentionKernel::Rows && tensor_cores {
+                assert!(launched.ends_with("tensor cores"), "{kernel:?} ran as {launched}, {}", case.name());
+            }
+            assert_close(&case.kernel::<half::f16>(seed as u64, kernel), &expected, 1e-2, &format!("f16, {kernel:?} ({launched}), {}", case.name()));
         }
     }
 }

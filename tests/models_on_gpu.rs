@@ -51,10 +51,11 @@ fn check<B: ScoringBackend>(backend: &str) {
     for dir in dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let expected = label_logprobs::<NdArray<f32>>(&dir, Routes::PLAIN);
-        // The backend's kernels: the row attention kernel with Burn's elementwise ops, the tiled
-        // one with the fused elementwise kernels; then plain Burn ops.
+        // The backend's kernels: the row attention kernel with Burn's elementwise ops, the tile
+        // kernels with the fused elementwise kernels; then plain Burn ops.
         let tiled = Routes { attention: AttentionRoute::Tiled(TileShape::default()), elementwise: ElementwiseRoute::Kernels, labels: LabelRoute::Kernel };
-        for routes in [Routes::default(), tiled, Routes::PLAIN] {
+        let flash = Routes { attention: AttentionRoute::Flash(TileShape::default()), ..tiled };
+        for routes in [Routes::default(), tiled, flash, Routes::PLAIN] {
             assert_eq!(B::routes(routes), routes, "a CubeCL backend runs every route asked");
             assert_logprobs_match_cpu(&label_logprobs::<B>(&dir, routes), &expected, &format!("{name} on {backend}, {routes}"));
         }

@@ -66,7 +66,7 @@ def main():
     parser.add_argument("tally")
     parser.add_argument("--backend", default="cuda")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--attention", default="kernel", choices=["kernel", "tiled", "cascade"])
+    parser.add_argument("--attention", default="kernel", choices=["kernel", "tiled", "flash", "cascade"])
     parser.add_argument("--elementwise", default="burn", choices=["burn", "kernels"])
     parser.add_argument("--matmul", default="cubecl", choices=["cubecl", "cublas", "block"])
     parser.add_argument("--tolerance", type=float, default=1e-3)

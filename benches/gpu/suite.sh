@@ -7,8 +7,8 @@
 #
 # Stages (TALLY_SUITE_STAGES, default all; the headline numbers first): env scenario profile peers
 # attention fixtures kernels coldstart load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_MATMULS (cubecl cublas),
-# TALLY_SUITE_ATTENTIONS (tiled kernel cascade; the first is the one profiled and split),
-# TALLY_SUITE_TILES (the tiled kernel's other tile shapes the attention stage times), TALLY_SUITE_SCENARIOS (s1 s2), TALLY_SUITE_CASES and
+# TALLY_SUITE_ATTENTIONS (flash tiled kernel cascade; the first is the one profiled and split),
+# TALLY_SUITE_TILES (the tile kernels' other tile shapes the attention stage times), TALLY_SUITE_SCENARIOS (s1 s2), TALLY_SUITE_CASES and
 # TALLY_SUITE_PEER_SCENARIOS narrow them.
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
 set -uo pipefail
@@ -22,7 +22,7 @@ out=/tmp/tally-suite/results
 [ "${TALLY_SUITE_KEEP:-0}" = 1 ] || rm -rf "$out"
 mkdir -p "$OUT" "$out"
 stages=${TALLY_SUITE_STAGES:-env scenario profile peers attention fixtures kernels coldstart load wgpu chart}
-attentions=${TALLY_SUITE_ATTENTIONS:-tiled kernel cascade}
+attentions=${TALLY_SUITE_ATTENTIONS:-flash tiled kernel cascade}
 scenarios=${TALLY_SUITE_SCENARIOS:-s1 s2}
 tiles=${TALLY_SUITE_TILES:-128x16 64x32 128x32 32x16 128x64}
 dry=${TALLY_SUITE_DRY_RUN:-0}
@@ -93,7 +93,7 @@ fixtures_stage() {
 }
 
 # One layer's attention on every route; in the last dtype (bfloat16 on CUDA: tensor cores) also
-# the tiled kernel's other tile shapes (TALLY_SUITE_TILES, rows x keys), to pick its default.
+# the tile kernels' other tile shapes (TALLY_SUITE_TILES, rows x keys), to pick their default.
 attention_stage() {
     local ok=0
     for dtype in $gpu_dtypes; do

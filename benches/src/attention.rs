@@ -37,7 +37,7 @@ pub struct AttentionArgs {
 }
 
 /// Times one layer's attention on backend `B`, every route against dense-masked attention.
-/// `tile`: the tiled route's tile shape.
+/// `tile`: the tile routes' (tiled, flash) tile shape.
 pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: &RunsOn, tile: TileShape) -> Result<Value> {
     let a = args;
     ensure!(a.items > 0 && a.item_len > 0 && a.iterations > 0, "--items, --item-len and --iterations must be positive");
@@ -58,21 +58,23 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
     // Planned once per pass in the model, so timed apart from the per-layer run.
     let spans = [(0, a.prefix)];
     let plan = |route| B::plan_attention(route, &layout, &spans, group, &device);
-    let (kernel_route, tiled_route) = (AttentionRoute::Kernel, AttentionRoute::Tiled(tile));
-    let (planned_kernel, planned_tiled, planned_cascade) = (plan(kernel_route), plan(tiled_route), plan(AttentionRoute::Cascade));
+    let (kernel_route, tiled_route, flash_route) = (AttentionRoute::Kernel, AttentionRoute::Tiled(tile), AttentionRoute::Flash(tile));
+    let (planned_kernel, planned_tiled, planned_flash, planned_cascade) = (plan(kernel_route), plan(tiled_route), plan(flash_route), plan(AttentionRoute::Cascade));
     let multi_item = || planned_kernel.run(queries.clone(), keys.clone(), values.clone(), &prefix);
     let tiled = || planned_tiled.run(queries.clone(), keys.clone(), values.clone(), &prefix);
+    let flash = || planned_flash.run(queries.clone(), keys.clone(), values.clone(), &prefix);
     let cascade = || planned_cascade.run(queries.clone(), keys.clone(), values.clone(), &prefix);
     let mask = dense_mask::<B>(a.prefix, &layout, group, &device);
     let dense = || dense_masked_attention(queries.clone(), keys.clone(), values.clone(), &prefix, mask.clone());
 
     // Same answer first: a benchmark of a wrong kernel is worth nothing.
-    for (name, output) in [("kernel", multi_item()), ("tiled", tiled()), ("cascade", cascade())] {
+    for (name, output) in [("kernel", multi_item()), ("tiled", tiled()), ("flash", flash()), ("cascade", cascade())] {
         let difference = (output - dense()).abs().max().into_scalar().elem::<f32>();
         ensure!(difference < 1e-2, "the {name} route and dense attention disagree by {difference}");
     }
     let multi_item_ms = median_seconds(a.iterations, || multi_item().sum().into_scalar()) * 1e3;
     let tiled_ms = median_seconds(a.iterations, || tiled().sum().into_scalar()) * 1e3;
+    let flash_ms = median_seconds(a.iterations, || flash().sum().into_scalar()) * 1e3;
     let cascade_ms = median_seconds(a.iterations, || cascade().sum().into_scalar()) * 1e3;
     let dense_ms = median_seconds(a.iterations, || dense().sum().into_scalar()) * 1e3;
     let kernel_plan_ms = median_seconds(a.iterations, || plan(kernel_route)) * 1e3;
@@ -93,9 +95,10 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
         "multi_item_ms": multi_item_ms,
         "dense_masked_ms": dense_ms,
         "tiled_ms": tiled_ms,
+        "flash_ms": flash_ms,
         "tile": tile.to_string(),
         // What the backend runs for each route asked (the CPU runs its one kernel for both).
-        "routes_run": {"kernel": runs(kernel_route), "tiled": runs(tiled_route)},
+        "routes_run": {"kernel": runs(kernel_route), "tiled": runs(tiled_route), "flash": runs(flash_route)},
         "cascade_ms": cascade_ms,
         "kernel_plan_ms": kernel_plan_ms,
         "cascade_plan_ms": cascade_plan_ms,
@@ -103,6 +106,7 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
         "useful_tflop": flop / 1e12,
         "multi_item_tflops": tflops(multi_item_ms),
         "tiled_tflops": tflops(tiled_ms),
+        "flash_tflops": tflops(flash_ms),
         "cascade_tflops": tflops(cascade_ms),
         "dense_masked_tflops_useful": tflops(dense_ms),
     }))

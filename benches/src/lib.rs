@@ -28,11 +28,11 @@ pub struct RunsOn {
     pub backend: String,
     /// `float32` or `bfloat16`.
     pub dtype: String,
-    /// The attention route: `kernel`, `tiled` or `cascade`.
+    /// The attention route: `kernel`, `tiled`, `flash` or `cascade`.
     pub attention: String,
     /// The elementwise route: `burn` or `kernels`.
     pub elementwise: String,
-    /// The tiled attention kernel's tile, `ROWSxKEYS`.
+    /// The tile attention kernels' tile, `ROWSxKEYS`.
     pub tile: String,
     /// Which library multiplies: `cubecl` or `cublas`.
     pub matmul: String,

@@ -44,6 +44,9 @@ pub enum Attention {
     /// The tiled multi-item kernel: tiles of `--tile-rows` query rows × `--tile-keys` keys on
     /// tensor cores (CUDA, bfloat16), in registers on wgpu and in float32. The CPU's kernel on the CPU.
     Tiled,
+    /// The tiled kernel's tiles with FlashAttention-2's loop: scores, softmax and weights stay
+    /// in registers (tensor-core fragments on CUDA in bfloat16). The CPU's kernel on the CPU.
+    Flash,
     /// Prefix part as one batched matmul per KV head (tensor cores on CUDA), own-item part
     /// padded, merged by log-sum-exp: plain Burn ops.
     Cascade,
@@ -118,10 +121,10 @@ pub struct DeviceArgs {
     pub elementwise: Elementwise,
     #[arg(long, value_enum, default_value_t = Weights::Compact)]
     pub weights: Weights,
-    /// Query rows a cube of `--attention tiled` takes (16 per plane of 32 units).
+    /// Query rows a cube of `--attention tiled|flash` takes (16 per plane of 32 units).
     #[arg(long, default_value = "64", value_parser = tile_size(["16", "32", "64", "128"]))]
     pub tile_rows: usize,
-    /// Keys a step of `--attention tiled` stages and multiplies.
+    /// Keys a step of `--attention tiled|flash` stages and multiplies.
     #[arg(long, default_value = "16", value_parser = tile_size(["16", "32", "64"]))]
     pub tile_keys: usize,
 }
@@ -138,6 +141,7 @@ impl DeviceArgs {
         let attention = match self.attention {
             Attention::Kernel => tally_model::AttentionRoute::Kernel,
             Attention::Tiled => tally_model::AttentionRoute::Tiled(self.tile()),
+            Attention::Flash => tally_model::AttentionRoute::Flash(self.tile()),
             Attention::Cascade => tally_model::AttentionRoute::Cascade,
         };
         tally_model::Routes { attention, elementwise: self.elementwise().into(), ..Default::default() }
@@ -152,7 +156,7 @@ impl DeviceArgs {
         }
     }
 
-    /// The tiled kernel's tile (`--tile-rows`, `--tile-keys`).
+    /// The tile kernels' tile (`--tile-rows`, `--tile-keys`).
     pub fn tile(&self) -> tally_model::TileShape {
         // Both sizes are among those the flags list, so the shape exists.
         tally_model::TileShape::new(self.tile_rows, self.tile_keys).unwrap_or_default()

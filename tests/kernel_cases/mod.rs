@@ -104,6 +104,16 @@ impl Case {
     pub fn expected(&self, seed: u64) -> Vec<f32> {
         self.plain_on::<Reference>(seed)
     }
+    /// What `kernel` runs for this case in float type `F` (`AttentionTiles::launched`).
+    pub fn launched<F: FloatElement>(&self, kernel: AttentionKernel) -> &'static str {
+        let layout = self.layout();
+        let item_prefixes = vec![(0, 1); layout.offsets().len() - 1];
+        let device = Default::default();
+        let client = GpuRuntime::client(&device);
+        let tiles = AttentionTiles::<GpuRuntime>::new(&client, &device, layout.offsets(), &item_prefixes, self.q_heads / self.kv_heads, kernel);
+        tiles.launched(&client, self.head_dim, <F as burn::tensor::Element>::dtype())
+    }
+
     /// `kernel` in float type `F`, called directly with a poisoned output.
     pub fn kernel<F: FloatElement>(&self, seed: u64, kernel: AttentionKernel) -> Vec<f32> {
         let (queries, keys, values, _) = self.inputs(seed);

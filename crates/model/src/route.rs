@@ -15,6 +15,9 @@ pub enum AttentionRoute {
     /// The backend's tiled kernel: on CubeCL backends tiles of query rows × keys of this shape
     /// multiplied as matrices, on tensor cores on CUDA in bf16/f16, in registers elsewhere.
     Tiled(TileShape),
+    /// The flash kernel: the tiled kernel's tiles with the scores, softmax and weights in
+    /// registers (FlashAttention-2's loop); tensor cores on CUDA in bf16/f16.
+    Flash(TileShape),
     /// The cascade in plain Burn ops: the prefix part as one batched matmul per KV head (tensor
     /// cores where the backend's matmul uses them), each item's own part padded and causal, the
     /// two merged by their log-sum-exps. Runs on every backend.
@@ -60,12 +63,13 @@ impl Routes {
     pub const PLAIN: Routes = Routes { attention: AttentionRoute::Cascade, elementwise: ElementwiseRoute::Burn, labels: LabelRoute::Burn };
 }
 
-/// `kernel`, `tiled 64x16` or `cascade`, as the CLI names them.
+/// `kernel`, `tiled 64x16`, `flash 64x16` or `cascade`, as the CLI names them.
 impl std::fmt::Display for AttentionRoute {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             AttentionRoute::Kernel => f.write_str("kernel"),
             AttentionRoute::Tiled(shape) => write!(f, "tiled {shape}"),
+            AttentionRoute::Flash(shape) => write!(f, "flash {shape}"),
             AttentionRoute::Cascade => f.write_str("cascade"),
         }
     }

@@ -9,10 +9,12 @@
 //! up to its last token — staging each in shared memory. Keys of items outside the tile, and
 //! own keys after it, are never loaded: masked tiles cost nothing.
 //!
-//! Two kernels walk the tiles that way ([`AttentionKernel`]): `rows`, one row per unit on
-//! CUDA cores, and `tiled`, which multiplies tiles of query rows and keys ([`TileShape`]) as
-//! matrices — on tensor cores on CUDA (`mma_tile`), with a register tile elsewhere
-//! (`register_tile`), where its tiling, masks and online softmax are tested.
+//! Three kernels walk the tiles that way ([`AttentionKernel`]): `rows`, one row per unit on
+//! CUDA cores; `tiled`, which multiplies tiles of query rows and keys ([`TileShape`]) as
+//! matrices and runs the softmax through shared memory; and `flash`, the same tiles with
+//! FlashAttention-2's softmax in registers. Both tile kernels multiply on tensor cores on CUDA
+//! (`mma_tile`) and in plain registers elsewhere (`register_tile`), where their tiling, masks
+//! and online softmax are tested.
 
 use burn_backend::{DType, Shape, TensorMetadata};
 use burn_cubecl::cubecl::ir::{features::MmaConfig, StorageType};
@@ -24,6 +26,7 @@ use burn_cubecl::CubeRuntime;
 
 use crate::grid::cubes;
 
+mod flash;
 mod mma_tile;
 mod register_tile;
 mod rows;
@@ -46,6 +49,11 @@ pub enum AttentionKernel {
     /// [`Self::Rows`] where a tile cannot hold the shape (a GQA group over the tile's rows, an
     /// odd head size, more shared memory than the device has).
     Tiled(TileShape),
+    /// The tiled kernel's tiles with the scores, softmax and weights kept in registers
+    /// (FlashAttention-2's loop): two `sync_cube` per key step where the tiled kernel has four,
+    /// no score tile in shared memory. Tensor cores as for [`Self::Tiled`]; falls back to the
+    /// row kernel where a tile cannot hold the shape (a head size not a multiple of 8 too).
+    Flash(TileShape),
 }
 
 pub use tally_core::TileShape;
@@ -55,7 +63,14 @@ pub fn tile_fits<R: CubeRuntime>(shape: TileShape, client: &ComputeClient<R>, he
     shape.shared_memory_bytes(head_dim, dtype.size()) <= client.properties().hardware.max_shared_memory_size
 }
 
-/// How one tiled call multiplies its tiles, picked per call from the device and dtype.
+/// Which loop a tile kernel call runs: the tiled kernel's or the flash kernel's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TileLoop {
+    SharedSoftmax,
+    Flash,
+}
+
+/// How one tile kernel call multiplies its tiles, picked per call from the device and dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum TileMath {
     Register,
@@ -67,14 +82,14 @@ impl AttentionKernel {
     fn rows_per_cube(self) -> usize {
         match self {
             AttentionKernel::Rows => rows::ROWS_PER_CUBE,
-            AttentionKernel::Tiled(shape) => shape.rows,
+            AttentionKernel::Tiled(shape) | AttentionKernel::Flash(shape) => shape.rows,
         }
     }
 
     /// This kernel, or the row kernel where a tile can't hold `group` query heads.
     fn for_group(self, group: usize) -> Self {
         match self {
-            AttentionKernel::Tiled(shape) if group > shape.rows => AttentionKernel::Rows,
+            AttentionKernel::Tiled(shape) | AttentionKernel::Flash(shape) if group > shape.rows => AttentionKernel::Rows,
             kernel => kernel,
         }
     }
@@ -129,6 +144,32 @@ impl<R: CubeRuntime> AttentionTiles<R> {
     }
 }
 
+impl<R: CubeRuntime> AttentionTiles<R> {
+    /// The tile kernel a call at `head_dim` in `dtype` runs: where its tile fits, with tensor
+    /// cores where they take it; `None`: the row kernel, which takes any tile it is given,
+    /// whatever it was cut for.
+    fn tile_kernel(&self, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> Option<(TileLoop, TileMath, TileShape)> {
+        let math = if head_dim.is_multiple_of(16) && tensor_core_tiles(client, dtype) { TileMath::Mma } else { TileMath::Register };
+        match self.kernel {
+            AttentionKernel::Tiled(shape) if head_dim.is_multiple_of(2) && tile_fits(shape, client, head_dim, dtype) => Some((TileLoop::SharedSoftmax, math, shape)),
+            AttentionKernel::Flash(shape) if head_dim.is_multiple_of(8) && tile_fits(shape, client, head_dim, dtype) => Some((TileLoop::Flash, math, shape)),
+            _ => None,
+        }
+    }
+
+    /// What a call at `head_dim` in `dtype` runs, for benchmarks and tests to report: `rows`,
+    /// or `tiled`/`flash` with `registers`/`tensor cores`.
+    pub fn launched(&self, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> &'static str {
+        match self.tile_kernel(client, head_dim, dtype) {
+            None => "rows",
+            Some((TileLoop::SharedSoftmax, TileMath::Register, _)) => "tiled, registers",
+            Some((TileLoop::SharedSoftmax, TileMath::Mma, _)) => "tiled, tensor cores",
+            Some((TileLoop::Flash, TileMath::Register, _)) => "flash, registers",
+            Some((TileLoop::Flash, TileMath::Mma, _)) => "flash, tensor cores",
+        }
+    }
+}
+
 /// The inputs of one multi-item attention call.
 ///
 /// - `queries`: `[tokens, q_heads, head_dim]`; `keys`, `values`: `[tokens, kv_heads, head_dim]`
@@ -168,20 +209,12 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         }
         let client = self.queries.client.clone();
         let dtype = self.queries.dtype;
-        // The tiled kernel where its tile fits this call, with tensor cores where they take it;
-        // else the row kernel, which takes any tile it is given, whatever it was cut for.
-        let tiled = match tiles.kernel {
-            AttentionKernel::Tiled(shape) if head_dim.is_multiple_of(2) && tile_fits(shape, &client, head_dim, dtype) => {
-                let math = if head_dim.is_multiple_of(16) && tensor_core_tiles(&client, dtype) { TileMath::Mma } else { TileMath::Register };
-                Some((math, shape))
-            }
-            _ => None,
-        };
+        let tiled = tiles.tile_kernel(&client, head_dim, dtype);
         let (queries, keys, values) = (into_contiguous(self.queries), into_contiguous(self.keys), into_contiguous(self.values));
         let (prefix_keys, prefix_values) = (into_contiguous(self.prefix_keys), into_contiguous(self.prefix_values));
         let grid = cubes(tiles.tile_count, kv_heads);
         let scale = (head_dim as f32).powf(-0.5);
-        // Both kernels take the same tensors; the tiled one also its tile's comptime sizes.
+        // Every kernel takes the same tensors; the tile kernels also their tile's comptime sizes.
         macro_rules! launch {
             ($launch:expr, $units:expr $(, $tile_size:expr)*) => {
                 $launch(
@@ -205,8 +238,10 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
             };
         }
         match tiled {
-            Some((TileMath::Mma, shape)) => launch!(tiled::tiled_attention_kernel::launch::<mma_tile::MmaTile, R>, tiled::units_per_cube(shape), shape.rows, shape.keys),
-            Some((TileMath::Register, shape)) => launch!(tiled::tiled_attention_kernel::launch::<register_tile::RegisterTile, R>, tiled::units_per_cube(shape), shape.rows, shape.keys),
+            Some((TileLoop::SharedSoftmax, TileMath::Mma, shape)) => launch!(tiled::tiled_attention_kernel::launch::<mma_tile::MmaTile, R>, tiled::units_per_cube(shape), shape.rows, shape.keys),
+            Some((TileLoop::SharedSoftmax, TileMath::Register, shape)) => launch!(tiled::tiled_attention_kernel::launch::<register_tile::RegisterTile, R>, tiled::units_per_cube(shape), shape.rows, shape.keys),
+            Some((TileLoop::Flash, TileMath::Mma, shape)) => launch!(flash::flash_attention_kernel::launch::<mma_tile::MmaFragments, R>, tiled::units_per_cube(shape), shape.rows, shape.keys),
+            Some((TileLoop::Flash, TileMath::Register, shape)) => launch!(flash::flash_attention_kernel::launch::<register_tile::RegisterFragments, R>, tiled::units_per_cube(shape), shape.rows, shape.keys),
             None => launch!(rows::row_attention_kernel::launch::<R>, tiles.tokens_per_tile * tiles.group),
         }
     }

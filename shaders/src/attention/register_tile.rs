@@ -1,12 +1,17 @@
-//! The tiled kernel's tile multiply in plain registers, for every backend: lane `l` of a plane
-//! takes row `l % 16` and half `l / 16` — of the step's keys for the scores, of the head's
-//! dimensions for the output. It is where the tiled kernel's tiling, masks, item windows and
-//! online softmax are tested off CUDA (lavapipe).
+//! The tile kernels' multiplies in plain registers, for every backend; where their tiling,
+//! masks, item windows and online softmax are tested off CUDA (lavapipe).
+//!
+//! - [`RegisterTile`] (the tiled kernel): lane `l` of a plane takes row `l % 16` and half
+//!   `l / 16` — of the step's keys for the scores, of the head's dimensions for the output.
+//! - [`RegisterFragments`] (the flash kernel): each lane holds the elements PTX's m16n8k16
+//!   accumulators give it, computed as dot products; what tensor cores and warp shuffles
+//!   exchange between lanes goes through shared memory instead.
 
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::tiled::{plane_and_lane, TileMath, NO_ROW, ROWS_PER_PLANE};
+use super::flash::{fragment_column, fragment_row, FragmentMath, BLOCK_ELEMENTS, HALVES, QUAD};
+use super::tiled::{plane_and_lane, units_per_cube_of, TileMath, NO_ROW, ROWS_PER_PLANE};
 
 pub(super) struct RegisterTile;
 
@@ -87,5 +92,107 @@ impl TileMath for RegisterTile {
                 out[base + e] = F::cast_from(output[e] / sum);
             }
         }
+    }
+}
+
+pub(super) struct RegisterFragments;
+
+/// `value` of every unit of the cube through shared memory; this unit's quad's four, in lane order.
+#[cube]
+fn quad_values(value: f32, #[comptime] rows: usize) -> Array<f32> {
+    let mut exchange = SharedMemory::<f32>::new(comptime![units_per_cube_of(rows)]);
+    let unit = UNIT_POS_X as usize;
+    exchange[unit] = value;
+    sync_cube();
+    let mut quad = Array::<f32>::new(QUAD);
+    #[unroll]
+    for i in 0..QUAD {
+        quad[i] = exchange[unit - unit % QUAD + i];
+    }
+    quad
+}
+
+#[cube]
+impl FragmentMath for RegisterFragments {
+    /// The unit's two query rows (plane rows `g` and `g + 8`), whole.
+    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> Array<f32> {
+        let (plane_row, lane) = plane_and_lane();
+        let mut query = Array::<f32>::new(comptime![2 * head_dim]);
+        #[unroll]
+        for half in 0..HALVES {
+            let offset = row_offsets[plane_row + fragment_row(lane, 2 * half)];
+            #[unroll]
+            for e in 0..head_dim {
+                query[half * head_dim + e] = 0.0;
+                if offset != NO_ROW {
+                    query[half * head_dim + e] = f32::cast_from(queries[offset as usize + e]);
+                }
+            }
+        }
+        query
+    }
+
+    // The runtime loops are the outer ones, a few per key step: llvmpipe (lavapipe) counts a
+    // loop's iterations over the whole invocation and stops it at 65,535, so a runtime loop
+    // inside unrolled ones would end early past ~1,000 keys (head_dim 64).
+    fn scores<F: Float>(query: &Array<f32>, staged_keys: &SharedMemory<F>, #[comptime] head_dim: usize, #[comptime] keys: usize) -> Array<f32> {
+        let (_, lane) = plane_and_lane();
+        let mut scores = Array::<f32>::new(comptime![keys / 8 * BLOCK_ELEMENTS]);
+        for index in 0..comptime![keys / 8 * BLOCK_ELEMENTS] {
+            let (block, e) = (index / BLOCK_ELEMENTS, index % BLOCK_ELEMENTS);
+            let half = e / 2;
+            let key = block * 8 + fragment_column(lane, e);
+            let mut score = f32::new(0.0);
+            #[unroll]
+            for d in 0..head_dim {
+                score += query[half * head_dim + d] * f32::cast_from(staged_keys[key * head_dim + d]);
+            }
+            scores[index] = score;
+        }
+        scores
+    }
+
+    /// The plane's weights go through shared memory (`[rows, keys]`), where tensor cores would
+    /// read them from the quad's registers.
+    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &Array<f32>, staged_values: &SharedMemory<F>, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] rows: usize) {
+        let (plane_row, lane) = plane_and_lane();
+        let mut shared_weights = SharedMemory::<f32>::new(comptime![rows * keys]);
+        #[unroll]
+        for block in 0..comptime![keys / 8] {
+            #[unroll]
+            for e in 0..BLOCK_ELEMENTS {
+                let row = plane_row + fragment_row(lane, e);
+                shared_weights[row * keys + block * 8 + fragment_column(lane, e)] = weights[block * BLOCK_ELEMENTS + e];
+            }
+        }
+        sync_cube();
+        for index in 0..comptime![head_dim / 8 * BLOCK_ELEMENTS] {
+            let (block, e) = (index / BLOCK_ELEMENTS, index % BLOCK_ELEMENTS);
+            let row = plane_row + fragment_row(lane, e);
+            let dim = block * 8 + fragment_column(lane, e);
+            let mut sum = output[index];
+            #[unroll]
+            for key in 0..keys {
+                sum += shared_weights[row * keys + key] * f32::cast_from(staged_values[key * head_dim + dim]);
+            }
+            output[index] = sum;
+        }
+    }
+
+    fn quad_max(value: f32, #[comptime] rows: usize) -> f32 {
+        let quad = quad_values(value, rows);
+        let mut largest = quad[0];
+        #[unroll]
+        for i in 0..QUAD {
+            if quad[i] > largest {
+                largest = quad[i];
+            }
+        }
+        largest
+    }
+
+    fn quad_sum(value: f32, #[comptime] rows: usize) -> f32 {
+        let quad = quad_values(value, rows);
+        quad[0] + quad[1] + quad[2] + quad[3]
     }
 }

@@ -18,7 +18,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::walk::{read_tile, visible_keys, walk_step};
+use super::walk::{read_tile, stage_step, tile_row, visible_keys, walk_step};
 use super::NO_SCORE;
 use crate::grid::cube_index;
 
@@ -57,7 +57,12 @@ pub(super) trait TileMath: 'static + Send + Sync {
 
 /// Units of a cube of `shape`: a plane of 32 per 16 rows.
 pub(super) fn units_per_cube(shape: super::TileShape) -> usize {
-    shape.rows / ROWS_PER_PLANE * LANES
+    units_per_cube_of(shape.rows)
+}
+
+/// Units of a cube of `rows` rows.
+pub(super) const fn units_per_cube_of(rows: usize) -> usize {
+    rows / ROWS_PER_PLANE * LANES
 }
 
 /// The first of this unit's plane's rows in the cube, and the unit's lane in its plane.
@@ -92,9 +97,7 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
     }
     let kv_head = CUBE_POS_Z as usize;
     let tile = read_tile(tiles, item_starts, tile_index);
-    let prefix_tokens = prefix_keys.shape(1);
-    let kv_heads = keys.shape(1);
-    let q_heads = kv_heads * group;
+    let q_heads = keys.shape(1) * group;
     let unit = UNIT_POS_X as usize;
 
     // One unit per row: where the row reads and writes, what it may see, its running state.
@@ -105,17 +108,10 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
     let mut sums = SharedMemory::<f32>::new(rows);
     let mut corrections = SharedMemory::<f32>::new(rows);
     if unit < rows {
-        let token = tile.start + unit / group;
-        let q_head = kv_head * group + unit % group;
-        row_offsets[unit] = NO_ROW;
-        // A row without a token sees no own key: its item "starts" past every key.
-        row_tokens[unit] = tile.own_start as u32;
-        row_item_starts[unit] = tile.end as u32;
-        if token < tile.end {
-            row_offsets[unit] = ((token * q_heads + q_head) * head_dim) as u32;
-            row_tokens[unit] = token as u32;
-            row_item_starts[unit] = item_starts[token];
-        }
+        let row = tile_row(&tile, item_starts, unit, kv_head, q_heads, group, head_dim);
+        row_offsets[unit] = row.offset;
+        row_tokens[unit] = row.token;
+        row_item_starts[unit] = row.item_start;
         maxima[unit] = f32::new(NO_SCORE);
         sums[unit] = f32::new(0.0);
     }
@@ -132,29 +128,8 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
     for step in 0..prefix_steps + own_steps {
         let step = walk_step(&tile, step, prefix_steps, step_keys);
 
-        // 1. Stage the step's keys and values; zeros past its count, which the multiplies read
-        //    (a weight of 0 times a stale NaN would still be NaN).
-        let mut index = unit;
-        while index < comptime![step_keys * head_dim] {
-            let key = index / head_dim;
-            let e = index % head_dim;
-            let mut k = F::new(0.0);
-            let mut v = F::new(0.0);
-            if key < step.count {
-                let mut source = ((tile.own_start + step.first + key) * kv_heads + kv_head) * head_dim + e;
-                if step.in_prefix {
-                    source = (kv_head * prefix_tokens + tile.prefix_start + step.first + key) * head_dim + e;
-                    k = prefix_keys[source];
-                    v = prefix_values[source];
-                } else {
-                    k = keys[source];
-                    v = values[source];
-                }
-            }
-            tile_keys[index] = k;
-            tile_values[index] = v;
-            index += CUBE_DIM_X as usize;
-        }
+        // 1. Stage the step's keys and values.
+        stage_step::<F>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, &mut tile_keys, &mut tile_values, step_keys, head_dim);
         sync_cube();
 
         // 2. Scores of every row against the step's keys.

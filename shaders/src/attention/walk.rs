@@ -1,8 +1,11 @@
-//! What both multi-item kernels share: the tile a cube takes, the key steps it walks (the
-//! prefix's keys, then the tile's own), and which keys of a step a row may see.
+//! What the multi-item kernels share: the tile a cube takes, where each of its rows reads and
+//! writes, the key steps it walks (the prefix's keys, then the tile's own), how a step is staged
+//! in shared memory, and which keys of a step a row may see.
 
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
+
+use super::tiled::NO_ROW;
 
 /// One cube's tile as the plan wrote it, and where its own keys start: the tile's first item
 /// start (earlier than its first token for a piece of a long item).
@@ -28,6 +31,33 @@ pub(super) fn read_tile(tiles: &Tensor<u32>, item_starts: &Tensor<u32>, index: u
     }
 }
 
+/// Where row `row` of a cube (token `row / group` of the tile × query head `row % group` of
+/// `kv_head`) reads its query and writes its output, which token it is and where its item
+/// starts. A row past the tile's last token gets [`NO_ROW`], and a token and item start that
+/// make it see no own key (its item "starts" past every key).
+#[cube]
+pub(super) fn tile_row(tile: &Tile, item_starts: &Tensor<u32>, row: usize, kv_head: usize, q_heads: usize, #[comptime] group: usize, #[comptime] head_dim: usize) -> TileRow {
+    let token = tile.start + row / group;
+    let q_head = kv_head * group + row % group;
+    let mut offset = u32::new(NO_ROW as i64);
+    let mut row_token = tile.own_start as u32;
+    let mut item_start = tile.end as u32;
+    if token < tile.end {
+        offset = ((token * q_heads + q_head) * head_dim) as u32;
+        row_token = token as u32;
+        item_start = item_starts[token];
+    }
+    TileRow { offset, token: row_token, item_start }
+}
+
+/// One row of a cube, as [`tile_row`] finds it.
+#[derive(CubeType)]
+pub(super) struct TileRow {
+    pub offset: u32,
+    pub token: u32,
+    pub item_start: u32,
+}
+
 /// One step of the walk: in the prefix or the own keys, its first key there, how many keys.
 #[derive(CubeType)]
 pub(super) struct Step {
@@ -51,6 +81,49 @@ pub(super) fn walk_step(tile: &Tile, step: usize, prefix_steps: usize, #[comptim
         count = keys;
     }
     Step { in_prefix, first, count }
+}
+
+/// Stages `step`'s keys and values of `kv_head` in shared memory (`[keys, head_dim]`), every
+/// unit of the cube a share; zeros past its count, which the tile multiplies read (a weight of
+/// 0 times a stale NaN would still be NaN).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn stage_step<F: Float>(
+    tile: &Tile,
+    step: &Step,
+    kv_head: usize,
+    keys: &Tensor<F>,
+    values: &Tensor<F>,
+    prefix_keys: &Tensor<F>,
+    prefix_values: &Tensor<F>,
+    staged_keys: &mut SharedMemory<F>,
+    staged_values: &mut SharedMemory<F>,
+    #[comptime] step_keys: usize,
+    #[comptime] head_dim: usize,
+) {
+    let kv_heads = keys.shape(1);
+    let prefix_tokens = prefix_keys.shape(1);
+    let mut index = UNIT_POS_X as usize;
+    while index < comptime![step_keys * head_dim] {
+        let key = index / head_dim;
+        let e = index % head_dim;
+        let mut k = F::new(0.0);
+        let mut v = F::new(0.0);
+        if key < step.count {
+            let mut source = ((tile.own_start + step.first + key) * kv_heads + kv_head) * head_dim + e;
+            if step.in_prefix {
+                source = (kv_head * prefix_tokens + tile.prefix_start + step.first + key) * head_dim + e;
+                k = prefix_keys[source];
+                v = prefix_values[source];
+            } else {
+                k = keys[source];
+                v = values[source];
+            }
+        }
+        staged_keys[index] = k;
+        staged_values[index] = v;
+        index += CUBE_DIM_X as usize;
+    }
 }
 
 /// The keys of `step` a row sees, `from..to`: all of a prefix step; of an own step, those in

@@ -50,6 +50,7 @@ where
             AttentionRoute::Cascade => return Box::new(PaddedPlan::<Self>::new(layout, prefix_spans, group, device)),
             AttentionRoute::Kernel => AttentionKernel::Rows,
             AttentionRoute::Tiled(shape) => AttentionKernel::Tiled(shape),
+            AttentionRoute::Flash(shape) => AttentionKernel::Flash(shape),
         };
         let item_prefixes: Vec<(usize, usize)> = layout.item_groups().map(|g| prefix_spans[g]).collect();
         Box::new(AttentionTiles::new(&R::client(device), device, layout.offsets(), &item_prefixes, group, kernel))

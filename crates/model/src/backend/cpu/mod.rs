@@ -71,7 +71,7 @@ impl ScoringBackend for NdArray<f32> {
     fn routes(requested: Routes) -> Routes {
         let attention = match requested.attention {
             AttentionRoute::Cascade => AttentionRoute::Cascade,
-            AttentionRoute::Kernel | AttentionRoute::Tiled(_) => AttentionRoute::Kernel,
+            AttentionRoute::Kernel | AttentionRoute::Tiled(_) | AttentionRoute::Flash(_) => AttentionRoute::Kernel,
         };
         Routes { attention, elementwise: requested.elementwise, labels: LabelRoute::Burn }
     }
@@ -79,7 +79,7 @@ impl ScoringBackend for NdArray<f32> {
     fn plan_attention(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &Self::Device) -> Box<dyn PlannedAttention<Self>> {
         match route {
             AttentionRoute::Cascade => Box::new(PaddedPlan::<Self>::new(layout, prefix_spans, group, device)),
-            AttentionRoute::Kernel | AttentionRoute::Tiled(_) => Box::new(HostAttentionPlan::new(layout, prefix_spans, group)),
+            AttentionRoute::Kernel | AttentionRoute::Tiled(_) | AttentionRoute::Flash(_) => Box::new(HostAttentionPlan::new(layout, prefix_spans, group)),
         }
     }
 
