@@ -35,11 +35,12 @@ impl TileShape {
     }
 
     /// Shared memory a cube of either tile kernel needs at most at `head_dim` with
-    /// `element_bytes`-byte K/V: the staged keys and values, the score tile (the tiled kernel;
+    /// `element_bytes`-byte K/V: the staged keys and values (rows padded by 8 elements against
+    /// bank conflicts), the score tile (the tiled kernel;
     /// the flash kernel's register fragments exchange their weights through one), and ten words
     /// a row (the tiled kernel's row state; the flash kernel's row offsets and quad exchanges).
     pub fn shared_memory_bytes(self, head_dim: usize, element_bytes: usize) -> usize {
-        2 * self.keys * head_dim * element_bytes + self.rows * self.keys * 4 + self.rows * 10 * 4
+        2 * self.keys * (head_dim + 8) * element_bytes + self.rows * self.keys * 4 + self.rows * 10 * 4
     }
 }
 
@@ -53,7 +54,8 @@ mod tests {
         assert_eq!(TileShape::new(48, 16), None);
         assert_eq!(TileShape::new(64, 8), None);
         assert_eq!(TileShape::new(128, 64).unwrap().to_string(), "128x64");
-        // 128 × 64 at head_dim 128 in bf16: 32 KiB of K/V, 32 KiB of scores, 5 KiB of row state.
-        assert_eq!(TileShape::new(128, 64).unwrap().shared_memory_bytes(128, 2), 70_656);
+        // 128 × 64 at head_dim 128 in bf16: 34 KiB of padded K/V, 32 KiB of scores, 5 KiB of
+        // row state.
+        assert_eq!(TileShape::new(128, 64).unwrap().shared_memory_bytes(128, 2), 72_704);
     }
 }

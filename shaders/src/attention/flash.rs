@@ -26,7 +26,7 @@ use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::tiled::{plane_and_lane, NO_ROW};
-use super::walk::{read_tile, stage_step, tile_row, visible_keys, walk_step};
+use super::walk::{read_tile, stage_step, staged_row, tile_row, visible_keys, walk_step};
 use super::NO_SCORE;
 use crate::grid::cube_index;
 
@@ -58,12 +58,12 @@ pub(super) trait FragmentMath: 'static + Send + Sync {
     /// rows starts in `queries`, [`NO_ROW`] for none), as [`Self::scores`] reads it.
     fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> Array<f32>;
 
-    /// `query · key` of the plane's rows and the `keys` staged keys (`[keys, head_dim]`), as
-    /// `keys / 8` accumulator blocks.
+    /// `query · key` of the plane's rows and the `keys` staged keys (`[keys, head_dim]`, rows
+    /// [`staged_row`] apart), as `keys / 8` accumulator blocks.
     fn scores<F: Float>(query: &Array<f32>, staged_keys: &SharedMemory<F>, #[comptime] head_dim: usize, #[comptime] keys: usize) -> Array<f32>;
 
     /// `output += weights · values` (`weights`: `keys / 8` blocks, `values`: `[keys, head_dim]`
-    /// staged; `output`: `head_dim / 8` blocks). `rows`: the cube's.
+    /// staged like the keys; `output`: `head_dim / 8` blocks). `rows`: the cube's.
     fn accumulate<F: Float>(output: &mut Array<f32>, weights: &Array<f32>, staged_values: &SharedMemory<F>, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] rows: usize);
 
     /// The largest `value` of this unit's aligned quad of lanes. `rows`: the cube's.
@@ -130,8 +130,8 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath>(
     for i in 0..comptime![head_dim / 8 * BLOCK_ELEMENTS] {
         accumulated[i] = 0.0;
     }
-    let mut tile_keys = SharedMemory::<F>::new(comptime![step_keys * head_dim]);
-    let mut tile_values = SharedMemory::<F>::new(comptime![step_keys * head_dim]);
+    let mut tile_keys = SharedMemory::<F>::new(comptime![step_keys * staged_row(head_dim)]);
+    let mut tile_values = SharedMemory::<F>::new(comptime![step_keys * staged_row(head_dim)]);
 
     let prefix_steps = tile.prefix_len.div_ceil(step_keys);
     let own_steps = (tile.end - tile.own_start).div_ceil(step_keys);

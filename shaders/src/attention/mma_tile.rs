@@ -17,6 +17,7 @@ use burn_cubecl::cubecl::prelude::*;
 
 use super::flash::{FragmentMath, BLOCK_ELEMENTS};
 use super::tiled::{plane_and_lane, TileMath, KEY_BLOCK, NO_ROW};
+use super::walk::staged_row;
 
 /// `(m, n, k)` of one multiply.
 pub const MMA_SHAPE: (u32, u32, u32) = (16, 8, 16);
@@ -129,7 +130,7 @@ fn query_fragments<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32
 }
 
 /// `output += a · values` for every block of 8 dimensions of `output` (accumulator fragments in
-/// f32, `head_dim / 8` of them), `values` staged as `[keys, head_dim]` from key `first_key`.
+/// f32, `head_dim / 8` of them), `values` staged as `[keys, head_dim]` (rows `staged_row` apart) from key `first_key`.
 #[cube]
 fn add_times_values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, output: &mut Array<f32>, a: &Array<Vector<F, Pair>>, values: &SharedMemory<F>, first_key: usize, #[comptime] head_dim: usize) {
     let per_block = def.elems_per_lane(MatrixIdent::Accumulator);
@@ -147,7 +148,7 @@ fn add_times_values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, output: 
             product[i] = pair;
         }
         // B is the values: element (key, dimension).
-        let b = b_from_shared::<F>(def, lane, values, first_key * head_dim + block * 8, head_dim, 1usize);
+        let b = b_from_shared::<F>(def, lane, values, first_key * comptime![staged_row(head_dim)] + block * 8, comptime![staged_row(head_dim)], 1usize);
         def.execute_inplace(a, &b, &mut product);
         #[unroll]
         for i in 0..c_vectors {
@@ -168,7 +169,7 @@ fn score_block<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, query: &Array
     for step in 0..comptime![head_dim / 16] {
         let a = a_from_registers::<F>(def, query, step * per_step);
         // B is keysᵀ: element (dimension, key).
-        let b = b_from_shared::<F>(def, lane, staged_keys, first_key * head_dim + step * 16, 1usize, head_dim);
+        let b = b_from_shared::<F>(def, lane, staged_keys, first_key * comptime![staged_row(head_dim)] + step * 16, 1usize, comptime![staged_row(head_dim)]);
         def.execute_inplace(&a, &b, &mut product);
     }
     product

@@ -12,6 +12,7 @@ use burn_cubecl::cubecl::prelude::*;
 
 use super::flash::{fragment_column, fragment_row, FragmentMath, BLOCK_ELEMENTS, HALVES, QUAD};
 use super::tiled::{plane_and_lane, units_per_cube_of, TileMath, NO_ROW, ROWS_PER_PLANE};
+use super::walk::staged_row;
 
 pub(super) struct RegisterTile;
 
@@ -56,7 +57,7 @@ impl TileMath for RegisterTile {
             let mut score = f32::new(0.0);
             #[unroll]
             for e in 0..head_dim {
-                score += query[e] * f32::cast_from(staged_keys[key * head_dim + e]);
+                score += query[e] * f32::cast_from(staged_keys[key * comptime![staged_row(head_dim)] + e]);
             }
             scores[row * keys + key] = score * scale;
         }
@@ -72,7 +73,7 @@ impl TileMath for RegisterTile {
         }
         for key in 0..keys {
             let weight = weights[row * keys + key];
-            let base = key * head_dim + half * width;
+            let base = key * comptime![staged_row(head_dim)] + half * width;
             #[unroll]
             for e in 0..width {
                 output[e] += weight * f32::cast_from(values[base + e]);
@@ -145,7 +146,7 @@ impl FragmentMath for RegisterFragments {
             let mut score = f32::new(0.0);
             #[unroll]
             for d in 0..head_dim {
-                score += query[half * head_dim + d] * f32::cast_from(staged_keys[key * head_dim + d]);
+                score += query[half * head_dim + d] * f32::cast_from(staged_keys[key * comptime![staged_row(head_dim)] + d]);
             }
             scores[index] = score;
         }
@@ -173,7 +174,7 @@ impl FragmentMath for RegisterFragments {
             let mut sum = output[index];
             #[unroll]
             for key in 0..keys {
-                sum += shared_weights[row * keys + key] * f32::cast_from(staged_values[key * head_dim + dim]);
+                sum += shared_weights[row * keys + key] * f32::cast_from(staged_values[key * comptime![staged_row(head_dim)] + dim]);
             }
             output[index] = sum;
         }

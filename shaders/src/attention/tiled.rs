@@ -18,7 +18,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::walk::{read_tile, stage_step, tile_row, visible_keys, walk_step};
+use super::walk::{read_tile, stage_step, staged_row, tile_row, visible_keys, walk_step};
 use super::NO_SCORE;
 use crate::grid::cube_index;
 
@@ -44,11 +44,11 @@ pub(super) trait TileMath: 'static + Send + Sync {
     fn new_output<F: Float>(#[comptime] head_dim: usize) -> Array<f32>;
 
     /// Writes `scale · query · key` for the plane's rows and the `keys` staged keys
-    /// (`[keys, head_dim]`) into `scores` (`[rows, keys]`).
+    /// (`[keys, head_dim]`, rows [`staged_row`] apart) into `scores` (`[rows, keys]`).
     fn scores<F: Float>(query: &Array<f32>, staged_keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize, #[comptime] keys: usize);
 
     /// `output = output · correction[row] + weights · values` for the plane's rows
-    /// (`weights`: `[rows, keys]`, `values`: `[keys, head_dim]`).
+    /// (`weights`: `[rows, keys]`, `values`: `[keys, head_dim]` staged like the keys).
     fn accumulate<F: Float>(output: &mut Array<f32>, weights: &SharedMemory<f32>, corrections: &SharedMemory<f32>, values: &SharedMemory<F>, #[comptime] head_dim: usize, #[comptime] keys: usize);
 
     /// Writes `output / sums[row]` of the plane's rows that have a token.
@@ -119,8 +119,8 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
 
     let query = T::load_query::<F>(queries, &row_offsets, head_dim);
     let mut accumulated = T::new_output::<F>(head_dim);
-    let mut tile_keys = SharedMemory::<F>::new(comptime![step_keys * head_dim]);
-    let mut tile_values = SharedMemory::<F>::new(comptime![step_keys * head_dim]);
+    let mut tile_keys = SharedMemory::<F>::new(comptime![step_keys * staged_row(head_dim)]);
+    let mut tile_values = SharedMemory::<F>::new(comptime![step_keys * staged_row(head_dim)]);
     let mut scores = SharedMemory::<f32>::new(comptime![rows * step_keys]);
 
     let prefix_steps = tile.prefix_len.div_ceil(step_keys);

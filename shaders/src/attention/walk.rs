@@ -58,6 +58,17 @@ pub(super) struct TileRow {
     pub item_start: u32,
 }
 
+/// Elements of padding after each staged key's (or value's) row. Unpadded, the row stride is a
+/// multiple of 128 bytes, so the 8 keys of one tensor-core fragment (a lane group each) read
+/// the same shared-memory banks (8-way conflicts for K, 4-way for V); 8 more elements shift each
+/// row by 4 banks (bf16), which spreads a fragment's 32 lanes over distinct banks.
+pub(super) const STAGE_PAD: usize = 8;
+
+/// The row stride of staged keys and values at `head_dim`.
+pub(super) const fn staged_row(head_dim: usize) -> usize {
+    head_dim + STAGE_PAD
+}
+
 /// One step of the walk: in the prefix or the own keys, its first key there, how many keys.
 #[derive(CubeType)]
 pub(super) struct Step {
@@ -83,9 +94,9 @@ pub(super) fn walk_step(tile: &Tile, step: usize, prefix_steps: usize, #[comptim
     Step { in_prefix, first, count }
 }
 
-/// Stages `step`'s keys and values of `kv_head` in shared memory (`[keys, head_dim]`), every
-/// unit of the cube a share; zeros past its count, which the tile multiplies read (a weight of
-/// 0 times a stale NaN would still be NaN).
+/// Stages `step`'s keys and values of `kv_head` in shared memory (`[keys, head_dim]`, rows
+/// [`staged_row`] apart), every unit of the cube a share; zeros past its count, which the tile
+/// multiplies read (a weight of 0 times a stale NaN would still be NaN).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn stage_step<F: Float>(
@@ -120,8 +131,9 @@ pub(super) fn stage_step<F: Float>(
                 v = values[source];
             }
         }
-        staged_keys[index] = k;
-        staged_values[index] = v;
+        let staged = key * comptime![staged_row(head_dim)] + e;
+        staged_keys[staged] = k;
+        staged_values[staged] = v;
         index += CUBE_DIM_X as usize;
     }
 }
