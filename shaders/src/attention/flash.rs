@@ -3,7 +3,8 @@
 //! scores, the masks, the online softmax and the weights never leave the units' registers.
 //! Per key step:
 //!
-//! 1. the cube stages the step's keys and values in shared memory (the only `sync_cube`s);
+//! 1. the cube stages the step's keys and values in shared memory (this barrier and the one
+//!    before the next step restages are the loop's only `sync_cube`s on tensor cores);
 //! 2. each plane multiplies its 16 query rows by the step's keys into accumulator fragments
 //!    ([`FragmentMath::scores`]);
 //! 3. each unit masks its own elements, takes its rows' maxima across the four units that hold a
