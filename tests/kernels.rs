@@ -84,6 +84,21 @@ fn attention_just_under_at_and_past_the_tiled_kernels_tiles() {
     check_attention(Case { groups: vec![(33, vec![2, 3])], q_heads: 64, kv_heads: 1, head_dim: 16 }, 14);
 }
 
+fn attention_head_sizes_off_the_flash_kernels_blocks() {
+    // The flash kernel's fragments hold 8 dimensions a block: head sizes of 12 and 20 (even, so
+    // the tiled kernel still takes them) send it to the row kernel, which must still be right.
+    for head_dim in [12, 20] {
+        let case = Case { groups: vec![(17, vec![16, 17, 1])], q_heads: 4, kv_heads: 2, head_dim };
+        let expected = case.expected(31);
+        let (tiled, flash) = (AttentionKernel::Tiled(TileShape::default()), AttentionKernel::Flash(TileShape::default()));
+        assert_eq!(case.launched::<f32>(tiled), "tiled, registers", "{}", case.name());
+        assert_eq!(case.launched::<f32>(flash), "rows", "{}", case.name());
+        for kernel in [tiled, flash] {
+            assert_close(&case.kernel::<f32>(31, kernel), &expected, 1e-4, &format!("{kernel:?}, {}", case.name()));
+        }
+    }
+}
+
 fn attention_every_tile_shape() {
     // Items across every tile size's edges (16/17, 31/33, 64/65, 130), two prefixes.
     let case = Case { groups: vec![(40, vec![16, 17, 33, 1, 64, 65, 130]), (1, vec![31, 2])], q_heads: 4, kv_heads: 2, head_dim: 32 };
@@ -662,6 +677,7 @@ fn main() {
         attention_query_prefill_is_one_causal_item,
         attention_tiles_mix_whole_items_and_pieces_of_long_ones,
         attention_just_under_at_and_past_the_tiled_kernels_tiles,
+        attention_head_sizes_off_the_flash_kernels_blocks,
         attention_every_tile_shape,
         attention_through_the_fusion_backend_matches,
         add_rms_norm_matches_float64,

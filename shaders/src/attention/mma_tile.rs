@@ -160,7 +160,7 @@ fn add_times_values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, output: 
     }
 }
 
-/// `scale · query · keys` of the plane's rows and the 8 staged keys from `first_key`.
+/// `query · keys` (unscaled) of the plane's rows and the 8 staged keys from `first_key`.
 #[cube]
 fn score_block<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, query: &Array<f32>, staged_keys: &SharedMemory<F>, first_key: usize, #[comptime] head_dim: usize) -> Array<Vector<f32, Pair>> {
     let per_step = def.elems_per_lane(MatrixIdent::A);

@@ -142,9 +142,7 @@ impl<R: CubeRuntime> AttentionTiles<R> {
         };
         AttentionTiles { tiles: upload(tiles), item_starts: upload(item_starts), tile_count, tokens_per_tile, tokens: item_offsets.last().copied().unwrap_or(0), group, kernel }
     }
-}
 
-impl<R: CubeRuntime> AttentionTiles<R> {
     /// The tile kernel a call at `head_dim` in `dtype` runs: where its tile fits, with tensor
     /// cores where they take it; `None`: the row kernel, which takes any tile it is given,
     /// whatever it was cut for.
