@@ -7,7 +7,7 @@ mod kernel_cases;
 
 use burn::tensor::DType;
 use kernel_cases::{assert_close, tensor, Case, Gpu};
-use tally_shaders::{tensor_core_tiles, AttentionKernel, TileShape};
+use tally_shaders::{tensor_core_tiles, AttentionKernel, FragmentLoads, TileShape};
 
 fn attention_in_f16_accumulates_in_f32() {
     // f16 inputs and output, f32 inside: only the roundings of f16 remain.
@@ -24,10 +24,16 @@ fn attention_in_f16_accumulates_in_f32() {
     ];
     for (seed, case) in cases.iter().enumerate() {
         let expected = case.expected(seed as u64);
-        for kernel in [AttentionKernel::Rows, AttentionKernel::Tiled(TileShape::default()), AttentionKernel::Flash(TileShape::default())] {
+        // Both ways of reading fragments, at the default tile and at the largest (8 planes,
+        // 64-key steps: four `ldmatrix.x4` of keys per 16 dimensions).
+        let tiles = [TileShape::default(), TileShape::new(128, 64).expect("a built shape")]
+            .into_iter()
+            .flat_map(|shape| [FragmentLoads::Ldmatrix, FragmentLoads::Elements].map(|loads| shape.with_loads(loads)));
+        let kernels = std::iter::once(AttentionKernel::Rows).chain(tiles.flat_map(|tile| [AttentionKernel::Tiled(tile), AttentionKernel::Flash(tile)]));
+        for kernel in kernels {
             let launched = case.launched::<half::f16>(kernel);
             if kernel != AttentionKernel::Rows && tensor_cores {
-                assert!(launched.ends_with("tensor cores"), "{kernel:?} ran as {launched}, {}", case.name());
+                assert!(launched.contains("tensor cores"), "{kernel:?} ran as {launched}, {}", case.name());
             }
             assert_close(&case.kernel::<half::f16>(seed as u64, kernel), &expected, 1e-2, &format!("f16, {kernel:?} ({launched}), {}", case.name()));
         }

@@ -26,12 +26,12 @@ FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 class Server:
     """`tally serve` for one model on a free port, stopped on exit."""
 
-    def __init__(self, tally, model, backend, dtype, attention, matmul, elementwise):
+    def __init__(self, tally, model, backend, dtype, attention, matmul, elementwise, extra):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         # No warm-up: each fixture model would tune its own shapes; the load stage's server warms up.
-        args = [tally, "serve", "--model", str(FIXTURES / "models" / model), "--port", str(self.port), "--backend", backend, "--dtype", dtype, "--attention", attention, "--matmul", matmul, "--elementwise", elementwise, "--no-warmup"]
+        args = [tally, "serve", "--model", str(FIXTURES / "models" / model), "--port", str(self.port), "--backend", backend, "--dtype", dtype, "--attention", attention, "--matmul", matmul, "--elementwise", elementwise, "--no-warmup", *extra]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -72,6 +72,7 @@ def main():
     parser.add_argument("--tolerance", type=float, default=1e-3)
     parser.add_argument("--packed-tolerance", type=float, default=None, help="packed vs per-item (default: the tolerance / 10)")
     parser.add_argument("--cases", default="", help="only cases whose name contains this")
+    parser.add_argument("--tally-flags", default="", help="more flags for `tally serve`, e.g. '--fragment-loads elements'")
     parser.add_argument("--out")
     args = parser.parse_args()
     packed_tolerance = args.packed_tolerance if args.packed_tolerance is not None else args.tolerance / 10
@@ -80,7 +81,7 @@ def main():
     cases = [(path.stem, json.loads(path.read_text())) for path in sorted((FIXTURES / "cases").glob("*.json")) if args.cases in path.stem]
     for model, group in itertools.groupby(sorted(cases, key=lambda c: c[1]["model"]), key=lambda c: c[1]["model"]):
         try:
-            server = Server(args.tally, model, args.backend, args.dtype, args.attention, args.matmul, args.elementwise)
+            server = Server(args.tally, model, args.backend, args.dtype, args.attention, args.matmul, args.elementwise, args.tally_flags.split())
         except RuntimeError as error:
             server, start_error = None, str(error)
         for name, case in group:
@@ -105,7 +106,7 @@ def main():
         if server is not None:
             server.stop()
 
-    report = {"backend": args.backend, "dtype": args.dtype, "attention": args.attention, "matmul": args.matmul, "elementwise": args.elementwise, "tolerance": args.tolerance, "packed_tolerance": packed_tolerance, "cases": results, "failed": failed}
+    report = {"backend": args.backend, "dtype": args.dtype, "attention": args.attention, "matmul": args.matmul, "elementwise": args.elementwise, "tally_flags": args.tally_flags, "tolerance": args.tolerance, "packed_tolerance": packed_tolerance, "cases": results, "failed": failed}
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"{args.backend}/{args.dtype}: {len(results) - failed}/{len(results)} cases within {args.tolerance:g} of float64 (packed == single within {packed_tolerance:g})")

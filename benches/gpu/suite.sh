@@ -9,7 +9,8 @@
 # attention fixtures kernels coldstart load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_MATMULS (cubecl cublas),
 # TALLY_SUITE_ATTENTIONS (flash tiled kernel cascade; the first is the one profiled and split),
 # TALLY_SUITE_TILES (the tile kernels' other tile shapes the attention stage times), TALLY_SUITE_SCENARIOS (s1 s2), TALLY_SUITE_CASES and
-# TALLY_SUITE_PEER_SCENARIOS narrow them.
+# TALLY_SUITE_PEER_SCENARIOS narrow them. TALLY_SUITE_TILE_FLAGS adds flags to every command that
+# runs the tile kernels (e.g. "--fragment-loads elements" should ldmatrix fail on a machine).
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,6 +26,7 @@ stages=${TALLY_SUITE_STAGES:-env scenario profile peers attention fixtures kerne
 attentions=${TALLY_SUITE_ATTENTIONS:-flash tiled kernel cascade}
 scenarios=${TALLY_SUITE_SCENARIOS:-s1 s2}
 tiles=${TALLY_SUITE_TILES:-128x16 64x32 128x32 32x16 128x64}
+read -r -a tile_flags <<<"${TALLY_SUITE_TILE_FLAGS:-}"
 dry=${TALLY_SUITE_DRY_RUN:-0}
 bin=/tmp/tally-suite
 mkdir -p $bin
@@ -82,27 +84,31 @@ fixtures_stage() {
                 # Correctness needs no tuned matmuls: minimal autotuning (seen on the H100: ~40 s a
                 # case with the default level, every new shape tuned and compiled).
                 CUBECL_AUTOTUNE_LEVEL=minimal python3 benches/gpu/check_fixtures.py "$cuda" --backend $gpu --dtype $dtype --attention $attention --matmul $matmul $tol \
-                    --cases "${TALLY_SUITE_CASES:-}" --out "$out/fixtures-$gpu-$dtype-$attention-$matmul.json" || ok=1
+                    --tally-flags "${tile_flags[*]}" --cases "${TALLY_SUITE_CASES:-}" --out "$out/fixtures-$gpu-$dtype-$attention-$matmul.json" || ok=1
             done
         done
         # tally's fused elementwise kernels, on the first attention route and matmul.
         CUBECL_AUTOTUNE_LEVEL=minimal python3 benches/gpu/check_fixtures.py "$cuda" --backend $gpu --dtype $dtype --attention ${attentions%% *} --matmul ${matmuls%% *} \
-            --elementwise kernels $tol --cases "${TALLY_SUITE_CASES:-}" --out "$out/fixtures-$gpu-$dtype-${attentions%% *}-${matmuls%% *}-elementwise-kernels.json" || ok=1
+            --tally-flags "${tile_flags[*]}" --elementwise kernels $tol --cases "${TALLY_SUITE_CASES:-}" --out "$out/fixtures-$gpu-$dtype-${attentions%% *}-${matmuls%% *}-elementwise-kernels.json" || ok=1
     done
     return $ok
 }
 
 # One layer's attention on every route; in the last dtype (bfloat16 on CUDA: tensor cores) also
-# the tile kernels' other tile shapes (TALLY_SUITE_TILES, rows x keys), to pick their default.
+# the tile kernels' other tile shapes (TALLY_SUITE_TILES, rows x keys), to pick their default, and
+# at the default tile the flash kernel with one key step in flight and with its fragments read
+# element by element (each against the defaults: two stages, ldmatrix).
 attention_stage() {
-    local ok=0
+    local ok=0 last=${gpu_dtypes##* }
     for dtype in $gpu_dtypes; do
-        "$cuda" bench attention --backend $gpu --dtype $dtype --items $items --iterations $iterations --out "$out/attention-$gpu-$dtype.json" || ok=1
+        "$cuda" bench attention --backend $gpu --dtype $dtype --items $items --iterations $iterations "${tile_flags[@]}" --out "$out/attention-$gpu-$dtype.json" || ok=1
     done
     for tile in $tiles; do
-        "$cuda" bench attention --backend $gpu --dtype ${gpu_dtypes##* } --items $items --iterations $iterations \
-            --tile-rows ${tile%x*} --tile-keys ${tile#*x} --out "$out/attention-$gpu-${gpu_dtypes##* }-tile-$tile.json" || ok=1
+        "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations "${tile_flags[@]}" \
+            --tile-rows ${tile%x*} --tile-keys ${tile#*x} --out "$out/attention-$gpu-$last-tile-$tile.json" || ok=1
     done
+    "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --tile-stages 1 --out "$out/attention-$gpu-$last-one-stage.json" || ok=1
+    "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --fragment-loads elements --out "$out/attention-$gpu-$last-element-loads.json" || ok=1
     return $ok
 }
 
@@ -121,16 +127,16 @@ scenario_stage() {
             for matmul in $matmuls; do
                 for attention in $attentions; do
                     "$cuda" bench scenario --model $model --scenario $s --items $items --requests $requests --backend $gpu --dtype $dtype \
-                        --attention $attention --matmul $matmul --out "$out/scenario-$s-$gpu-$dtype-$attention-$matmul.json" || ok=1
+                        --attention $attention --matmul $matmul "${tile_flags[@]}" --out "$out/scenario-$s-$gpu-$dtype-$attention-$matmul.json" || ok=1
                 done
             done
         done
         for matmul in $matmuls; do
             "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
-                --attention $first_attention --matmul $matmul --max-batch-tokens $split_tokens \
+                --attention $first_attention --matmul $matmul "${tile_flags[@]}" --max-batch-tokens $split_tokens \
                 --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-$split_tokens-tokens.json" || ok=1
             "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
-                --attention $first_attention --matmul $matmul --elementwise kernels \
+                --attention $first_attention --matmul $matmul "${tile_flags[@]}" --elementwise kernels \
                 --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-elementwise-kernels.json" || ok=1
         done
     done
@@ -145,7 +151,7 @@ profile_stage() {
     for matmul in $matmuls; do
         local name=profile-s1-$gpu-$dtype-$attention-$matmul
         CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG=$bin/$name.log "$cuda" bench scenario --model $model --scenario s1 --items $items --requests 1 \
-            --backend $gpu --dtype $dtype --attention $attention --matmul $matmul >"$out/$name.stdout" || ok=1
+            --backend $gpu --dtype $dtype --attention $attention --matmul $matmul "${tile_flags[@]}" >"$out/$name.stdout" || ok=1
         python3 benches/gpu/profile_table.py $bin/$name.log --stdout "$out/$name.stdout" --title "S1, one request, $gpu $dtype, $attention attention, $matmul matmuls" --out "$out/$name.md" || ok=1
         rm -f $bin/$name.log
     done

@@ -97,8 +97,10 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
         "tiled_ms": tiled_ms,
         "flash_ms": flash_ms,
         "tile": tile.to_string(),
-        // What the backend runs for each route asked (the CPU runs its one kernel for both).
+        // What the backend runs for each route asked (the CPU runs its one kernel for both),
+        // and which kernel each launched at this shape (a tile falls back where it can't fit).
         "routes_run": {"kernel": runs(kernel_route), "tiled": runs(tiled_route), "flash": runs(flash_route)},
+        "launched": {"kernel": planned_kernel.launched(a.head_dim), "tiled": planned_tiled.launched(a.head_dim), "flash": planned_flash.launched(a.head_dim), "cascade": planned_cascade.launched(a.head_dim)},
         "cascade_ms": cascade_ms,
         "kernel_plan_ms": kernel_plan_ms,
         "cascade_plan_ms": cascade_plan_ms,

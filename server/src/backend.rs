@@ -127,6 +127,32 @@ pub struct DeviceArgs {
     /// Keys a step of `--attention tiled|flash` stages and multiplies.
     #[arg(long, default_value = "16", value_parser = tile_size(["16", "32", "64"]))]
     pub tile_keys: usize,
+    /// Key steps `--attention flash` keeps in flight: 2 reads the next step's keys and values
+    /// while it computes on this one (one barrier a step); 1 stages and computes in turn.
+    #[arg(long, default_value = "2", value_parser = tile_size(["1", "2"]))]
+    pub tile_stages: usize,
+    /// How `--attention tiled|flash` on tensor cores reads key and value fragments from shared
+    /// memory.
+    #[arg(long, value_enum, default_value_t = FragmentLoads::Ldmatrix)]
+    pub fragment_loads: FragmentLoads,
+}
+
+/// How tensor-core tiles read their fragments (`tally_model::FragmentLoads`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FragmentLoads {
+    /// `ldmatrix`: two fragments per instruction (`.trans` for the values).
+    Ldmatrix,
+    /// One shared-memory read per element.
+    Elements,
+}
+
+impl From<FragmentLoads> for tally_model::FragmentLoads {
+    fn from(loads: FragmentLoads) -> Self {
+        match loads {
+            FragmentLoads::Ldmatrix => tally_model::FragmentLoads::Ldmatrix,
+            FragmentLoads::Elements => tally_model::FragmentLoads::Elements,
+        }
+    }
 }
 
 /// One of the sizes `tally_model::TileShape` builds, as a number.
@@ -156,10 +182,11 @@ impl DeviceArgs {
         }
     }
 
-    /// The tile kernels' tile (`--tile-rows`, `--tile-keys`).
+    /// The tile kernels' tile (`--tile-rows`, `--tile-keys`, `--tile-stages`, `--fragment-loads`).
     pub fn tile(&self) -> tally_model::TileShape {
-        // Both sizes are among those the flags list, so the shape exists.
-        tally_model::TileShape::new(self.tile_rows, self.tile_keys).unwrap_or_default()
+        // Every size is among those the flags list, so the shape exists.
+        let shape = tally_model::TileShape::new(self.tile_rows, self.tile_keys).unwrap_or_default();
+        shape.with_stages(self.tile_stages).unwrap_or(shape).with_loads(self.fragment_loads.into())
     }
 }
 

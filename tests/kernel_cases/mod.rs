@@ -105,13 +105,13 @@ impl Case {
         self.plain_on::<Reference>(seed)
     }
     /// What `kernel` runs for this case in float type `F` (`AttentionTiles::launched`).
-    pub fn launched<F: FloatElement>(&self, kernel: AttentionKernel) -> &'static str {
+    pub fn launched<F: FloatElement>(&self, kernel: AttentionKernel) -> String {
         let layout = self.layout();
         let item_prefixes = vec![(0, 1); layout.offsets().len() - 1];
         let device = Default::default();
         let client = GpuRuntime::client(&device);
         let tiles = AttentionTiles::<GpuRuntime>::new(&client, &device, layout.offsets(), &item_prefixes, self.q_heads / self.kv_heads, kernel);
-        tiles.launched(&client, self.head_dim, <F as burn::tensor::Element>::dtype())
+        tiles.launched(self.head_dim, <F as burn::tensor::Element>::dtype())
     }
 
     /// `kernel` in float type `F`, called directly with a poisoned output.

@@ -1,25 +1,52 @@
-//! The tiled attention kernel's tile shape: a plain choice of sizes, made by flags and planners
-//! that need no GPU (the kernels in tally-shaders check it against a device's shared memory).
+//! The tile attention kernels' tile shape: a plain choice of sizes, made by flags and planners
+//! that need no GPU (the kernels in tally-shaders check it against a device's shared memory),
+//! and how their tensor-core fragments are read.
 
-/// The tiled kernel's tile: query rows per cube (16 per plane of 32 units) and keys per step.
-/// Larger tiles read each prefix key for more rows and sync less often; smaller ones need less
-/// shared memory and registers. [`TileShape::ROWS`] × [`TileShape::KEYS`] are the shapes built.
+/// The tile kernels' tile: query rows per cube (16 per plane of 32 units) and keys per step;
+/// key steps the flash kernel keeps in flight (`stages`: 2 reads the next step while it
+/// computes on this one, in a second buffer; the tiled kernel stages one at a time); and how
+/// tensor cores read the staged keys and values ([`FragmentLoads`]; the register tiles off CUDA
+/// ignore it). Larger tiles read each prefix key for more rows and sync less often; smaller ones
+/// need less shared memory and registers. [`TileShape::ROWS`] × [`TileShape::KEYS`] ×
+/// [`TileShape::STAGES`] are the shapes built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileShape {
     pub rows: usize,
     pub keys: usize,
+    pub stages: usize,
+    pub loads: FragmentLoads,
+}
+
+/// How a tile kernel on tensor cores fills its key and value fragments from shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FragmentLoads {
+    /// `ldmatrix` (`.trans` for the values): four 8 × 8 matrices, two fragments, per instruction.
+    #[default]
+    Ldmatrix,
+    /// One shared-memory read per element, where CubeCL's `position_of_nth` puts it.
+    Elements,
+}
+
+impl FragmentLoads {
+    /// As the flags and results spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            FragmentLoads::Ldmatrix => "ldmatrix",
+            FragmentLoads::Elements => "elements",
+        }
+    }
 }
 
 impl Default for TileShape {
     fn default() -> Self {
-        TileShape { rows: 64, keys: 16 }
+        TileShape { rows: 64, keys: 16, stages: 2, loads: FragmentLoads::default() }
     }
 }
 
-/// `ROWSxKEYS`, as the flags and results spell it.
+/// `ROWSxKEYS, STAGES stages, LOADS`, as the results spell it.
 impl std::fmt::Display for TileShape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}x{}", self.rows, self.keys)
+        write!(f, "{}x{}, {} stage{}, {}", self.rows, self.keys, self.stages, if self.stages == 1 { "" } else { "s" }, self.loads.name())
     }
 }
 
@@ -28,34 +55,53 @@ impl TileShape {
     pub const ROWS: [usize; 4] = [16, 32, 64, 128];
     /// Keys per step a tile may have.
     pub const KEYS: [usize; 3] = [16, 32, 64];
+    /// Key steps in flight the flash kernel may have.
+    pub const STAGES: [usize; 2] = [1, 2];
 
-    /// `None` unless `rows` is in [`Self::ROWS`] and `keys` in [`Self::KEYS`].
+    /// `None` unless `rows` is in [`Self::ROWS`] and `keys` in [`Self::KEYS`]; two stages,
+    /// fragments by `ldmatrix`.
     pub fn new(rows: usize, keys: usize) -> Option<Self> {
-        (Self::ROWS.contains(&rows) && Self::KEYS.contains(&keys)).then_some(TileShape { rows, keys })
+        (Self::ROWS.contains(&rows) && Self::KEYS.contains(&keys)).then_some(TileShape { rows, keys, ..TileShape::default() })
+    }
+
+    /// This shape with `stages` key steps in flight; `None` unless `stages` is in
+    /// [`Self::STAGES`].
+    pub fn with_stages(self, stages: usize) -> Option<Self> {
+        Self::STAGES.contains(&stages).then_some(TileShape { stages, ..self })
+    }
+
+    /// This shape with its fragments read by `loads`.
+    pub fn with_loads(self, loads: FragmentLoads) -> Self {
+        TileShape { loads, ..self }
     }
 
     /// Shared memory a cube of either tile kernel needs at most at `head_dim` with
-    /// `element_bytes`-byte K/V: the staged keys and values (rows padded by 8 elements against
-    /// bank conflicts), the score tile (the tiled kernel;
-    /// the flash kernel's register fragments exchange their weights through one), and ten words
-    /// a row (the tiled kernel's row state; the flash kernel's row offsets and quad exchanges).
+    /// `element_bytes`-byte K/V: the staged keys and values of each stage (rows padded by 8
+    /// elements against bank conflicts), the score tile (the tiled kernel; the flash kernel's
+    /// register fragments exchange their weights through one), and ten words a row (the tiled
+    /// kernel's row state; the flash kernel's row offsets and quad exchanges).
     pub fn shared_memory_bytes(self, head_dim: usize, element_bytes: usize) -> usize {
-        2 * self.keys * (head_dim + 8) * element_bytes + self.rows * self.keys * 4 + self.rows * 10 * 4
+        2 * self.stages * self.keys * (head_dim + 8) * element_bytes + self.rows * self.keys * 4 + self.rows * 10 * 4
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::TileShape;
+    use super::{FragmentLoads, TileShape};
 
     #[test]
     fn only_built_shapes_exist_and_print_as_flags_spell_them() {
         assert_eq!(TileShape::new(64, 16), Some(TileShape::default()));
         assert_eq!(TileShape::new(48, 16), None);
         assert_eq!(TileShape::new(64, 8), None);
-        assert_eq!(TileShape::new(128, 64).unwrap().to_string(), "128x64");
-        // 128 × 64 at head_dim 128 in bf16: 34 KiB of padded K/V, 32 KiB of scores, 5 KiB of
-        // row state.
-        assert_eq!(TileShape::new(128, 64).unwrap().shared_memory_bytes(128, 2), 72_704);
+        assert_eq!(TileShape::new(128, 64).unwrap().to_string(), "128x64, 2 stages, ldmatrix");
+        let one_stage = TileShape::default().with_stages(1).unwrap();
+        assert_eq!(one_stage.with_loads(FragmentLoads::Elements).to_string(), "64x16, 1 stage, elements");
+        assert_eq!(TileShape::default().with_stages(3), None);
+        // 128 × 64 at head_dim 128 in bf16: 34 KiB of padded K/V a stage, 32 KiB of scores,
+        // 5 KiB of row state.
+        let largest = TileShape::new(128, 64).unwrap();
+        assert_eq!(largest.with_stages(1).unwrap().shared_memory_bytes(128, 2), 72_704);
+        assert_eq!(largest.shared_memory_bytes(128, 2), 72_704 + 34_816);
     }
 }

@@ -3,8 +3,11 @@
 //! scores, the masks, the online softmax and the weights never leave the units' registers.
 //! Per key step:
 //!
-//! 1. the cube stages the step's keys and values in shared memory (this barrier and the one
-//!    before the next step restages are the loop's only `sync_cube`s on tensor cores);
+//! 1. the cube stages the step's keys and values in shared memory, a 16-byte vector per read
+//!    on CUDA. With one stage (`--tile-stages 1`) it reads, stages, syncs, computes and syncs
+//!    again before restaging; with two (the default) the next step is read from global memory
+//!    into registers while this one is computed, then staged in a second buffer: one
+//!    `sync_cube` a step (FlashAttention-2's pipeline, registers in place of cp.async);
 //! 2. each plane multiplies its 16 query rows by the step's keys into accumulator fragments
 //!    ([`FragmentMath::scores`]);
 //! 3. each unit masks its own elements, takes its rows' maxima across the four units that hold a
@@ -26,8 +29,8 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::tiled::{plane_and_lane, NO_ROW};
-use super::walk::{read_tile, stage_step, staged_row, tile_row, visible_keys, walk_step};
+use super::tiled::{plane_and_lane, units_per_cube_of, QueryPairs, NO_ROW};
+use super::walk::{load_share, read_tile, staged_row, store_share, tile_row, visible_keys, walk_step, Step, Tile};
 use super::NO_SCORE;
 use crate::grid::cube_index;
 
@@ -57,15 +60,15 @@ pub(super) fn fragment_column(lane: usize, e: usize) -> usize {
 pub(super) trait FragmentMath: 'static + Send + Sync {
     /// This unit's share of its plane's query rows (`row_offsets`: where each of the cube's
     /// rows starts in `queries`, [`NO_ROW`] for none), as [`Self::scores`] reads it.
-    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> Array<f32>;
+    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> QueryPairs<F>;
 
     /// `query · key` of the plane's rows and the `keys` staged keys (`[keys, head_dim]`, rows
-    /// [`staged_row`] apart), as `keys / 8` accumulator blocks.
-    fn scores<F: Float>(query: &Array<f32>, staged_keys: &SharedMemory<F>, #[comptime] head_dim: usize, #[comptime] keys: usize) -> Array<f32>;
+    /// [`staged_row`] apart, from element `staged_at`), as `keys / 8` accumulator blocks.
+    fn scores<F: Float>(query: &QueryPairs<F>, staged_keys: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize) -> Array<f32>;
 
     /// `output += weights · values` (`weights`: `keys / 8` blocks, `values`: `[keys, head_dim]`
     /// staged like the keys; `output`: `head_dim / 8` blocks). `rows`: the cube's.
-    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &Array<f32>, staged_values: &SharedMemory<F>, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] rows: usize);
+    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &Array<f32>, staged_values: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] rows: usize);
 
     /// The largest `value` of this unit's aligned quad of lanes. `rows`: the cube's.
     fn quad_max(value: f32, #[comptime] rows: usize) -> f32;
@@ -76,12 +79,12 @@ pub(super) trait FragmentMath: 'static + Send + Sync {
 
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath>(
+pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size>(
     queries: &Tensor<F>,
-    keys: &Tensor<F>,
-    values: &Tensor<F>,
-    prefix_keys: &Tensor<F>,
-    prefix_values: &Tensor<F>,
+    keys: &Tensor<Vector<F, N>>,
+    values: &Tensor<Vector<F, N>>,
+    prefix_keys: &Tensor<Vector<F, N>>,
+    prefix_values: &Tensor<Vector<F, N>>,
     tiles: &Tensor<u32>,
     item_starts: &Tensor<u32>,
     output: &mut Tensor<F>,
@@ -90,6 +93,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath>(
     #[comptime] group: usize,
     #[comptime] rows: usize,
     #[comptime] step_keys: usize,
+    #[comptime] stages: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let tile_index = cube_index();
@@ -101,6 +105,8 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath>(
     let tile = read_tile(tiles, item_starts, tile_index);
     let q_heads = keys.shape(1) * group;
     let unit = UNIT_POS_X as usize;
+    let units = comptime![units_per_cube_of(rows)];
+    let width = keys.vector_size();
 
     // Where the cube's rows read and write, for the query and output fragments.
     let mut row_offsets = SharedMemory::<u32>::new(rows);
@@ -112,17 +118,14 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath>(
     // This unit's two rows (`half` 0 and 1: plane rows g and g + 8) and their running state:
     // maxima, and sums of this unit's own columns (the quad adds them up once, at the end).
     let (plane_row, lane) = plane_and_lane();
-    let mut tokens = Array::<u32>::new(HALVES);
-    let mut item_begins = Array::<u32>::new(HALVES);
-    let mut maxima = Array::<f32>::new(HALVES);
-    let mut sums = Array::<f32>::new(HALVES);
+    let mut rows_state = RowsState { tokens: Array::<u32>::new(HALVES), item_begins: Array::<u32>::new(HALVES), maxima: Array::<f32>::new(HALVES), sums: Array::<f32>::new(HALVES) };
     #[unroll]
     for half in 0..HALVES {
         let row = tile_row(&tile, item_starts, plane_row + fragment_row(lane, 2 * half), kv_head, q_heads, group, head_dim);
-        tokens[half] = row.token;
-        item_begins[half] = row.item_start;
-        maxima[half] = f32::new(NO_SCORE);
-        sums[half] = f32::new(0.0);
+        rows_state.tokens[half] = row.token;
+        rows_state.item_begins[half] = row.item_start;
+        rows_state.maxima[half] = f32::new(NO_SCORE);
+        rows_state.sums[half] = f32::new(0.0);
     }
 
     let query = T::load_query::<F>(queries, &row_offsets, head_dim);
@@ -131,85 +134,45 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath>(
     for i in 0..comptime![head_dim / 8 * BLOCK_ELEMENTS] {
         accumulated[i] = 0.0;
     }
-    let mut tile_keys = SharedMemory::<F>::new(comptime![step_keys * staged_row(head_dim)]);
-    let mut tile_values = SharedMemory::<F>::new(comptime![step_keys * staged_row(head_dim)]);
+    // Each stage's keys and values one after the other; 16-byte aligned: `ldmatrix` reads rows
+    // of 16 bytes.
+    let buffer = comptime![step_keys * staged_row(head_dim)];
+    let mut staged_keys = SharedMemory::<F>::new_aligned(comptime![stages * buffer], 16usize);
+    let mut staged_values = SharedMemory::<F>::new_aligned(comptime![stages * buffer], 16usize);
 
     let prefix_steps = tile.prefix_len.div_ceil(step_keys);
-    let own_steps = (tile.end - tile.own_start).div_ceil(step_keys);
-    for step in 0..prefix_steps + own_steps {
-        let step = walk_step(&tile, step, prefix_steps, step_keys);
-
-        // 1. Stage the step's keys and values.
-        stage_step::<F>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, &mut tile_keys, &mut tile_values, step_keys, head_dim);
-        sync_cube();
-
-        // 2. Scores of the plane's rows against the step's keys.
-        let mut weights = T::scores::<F>(&query, &tile_keys, head_dim, step_keys);
-
-        // 3. Masks and online softmax, each unit on its own elements, a row's quad together.
-        #[unroll]
-        for half in 0..HALVES {
-            let (from, to) = visible_keys(&tile, &step, item_begins[half] as usize, tokens[half] as usize);
-            let mut step_max = f32::new(NO_SCORE);
-            #[unroll]
-            for block in 0..comptime![step_keys / 8] {
-                #[unroll]
-                for column in 0..COLUMNS {
-                    let e = 2 * half + column;
-                    let key = block * 8 + fragment_column(lane, e);
-                    let index = block * BLOCK_ELEMENTS + e;
-                    let score = weights[index] * scale;
-                    weights[index] = score;
-                    if key >= from && key < to && score > step_max {
-                        step_max = score;
-                    }
-                }
-            }
-            let step_max = T::quad_max(step_max, rows);
-            let previous = maxima[half];
-            let mut running_max = previous;
-            if step_max > previous {
-                running_max = step_max;
-            }
-            // exp(0) = 1 while the row has seen nothing; 0-weighted history once it does.
-            let correction = f32::exp(previous - running_max);
-            let mut sum = sums[half] * correction;
-            #[unroll]
-            for block in 0..comptime![step_keys / 8] {
-                #[unroll]
-                for column in 0..COLUMNS {
-                    let e = 2 * half + column;
-                    let key = block * 8 + fragment_column(lane, e);
-                    let index = block * BLOCK_ELEMENTS + e;
-                    let mut weight = f32::new(0.0);
-                    if key >= from && key < to {
-                        weight = f32::exp(weights[index] - running_max);
-                    }
-                    weights[index] = weight;
-                    sum += weight;
-                }
-            }
-            maxima[half] = running_max;
-            sums[half] = sum;
-            #[unroll]
-            for block in 0..comptime![head_dim / 8] {
-                #[unroll]
-                for column in 0..COLUMNS {
-                    accumulated[block * BLOCK_ELEMENTS + 2 * half + column] *= correction;
-                }
-            }
+    let steps = prefix_steps + (tile.end - tile.own_start).div_ceil(step_keys);
+    if comptime![stages == 1] {
+        // Stage a step, compute on it, and wait for every unit before restaging.
+        for s in 0..steps {
+            let step = walk_step(&tile, s, prefix_steps, step_keys);
+            let share = load_share::<F, N>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+            store_share::<F, N>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, width, units);
+            sync_cube();
+            flash_step::<F, T>(&tile, &step, &query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, 0usize, scale, head_dim, step_keys, rows);
+            sync_cube();
         }
-
-        // 4. Add weights × values.
-        T::accumulate::<F>(&mut accumulated, &weights, &tile_values, head_dim, step_keys, rows);
-        // Every unit is done with the staged keys and values before the next step restages them.
+    } else {
+        // Two buffers: while step `s` is computed on one, step `s + 1` is read from global
+        // memory into registers, then staged in the other; one barrier a step. The read past
+        // the walk's end has no keys.
+        let first = walk_step(&tile, 0, prefix_steps, step_keys);
+        let share = load_share::<F, N>(&tile, &first, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+        store_share::<F, N>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, width, units);
         sync_cube();
+        for s in 0..steps {
+            let step = walk_step(&tile, s, prefix_steps, step_keys);
+            let ahead = load_share::<F, N>(&tile, &walk_step(&tile, s + 1, prefix_steps, step_keys), kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+            flash_step::<F, T>(&tile, &step, &query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows);
+            store_share::<F, N>(&ahead, &mut staged_keys, &mut staged_values, ((s + 1) % 2) * buffer, step_keys, head_dim, width, units);
+            sync_cube();
+        }
     }
 
     // Each row's sum over its quad, then the normalised output of the rows that have a token.
     #[unroll]
     for half in 0..HALVES {
-        let sum = T::quad_sum(sums[half], rows);
+        let sum = T::quad_sum(rows_state.sums[half], rows);
         let offset = row_offsets[plane_row + fragment_row(lane, 2 * half)];
         if offset != NO_ROW {
             #[unroll]
@@ -222,4 +185,95 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath>(
             }
         }
     }
+}
+
+/// A unit's two rows (`half` 0 and 1): their tokens and item starts (what they may see), their
+/// running maxima, and the partial sums of this unit's own columns.
+#[derive(CubeType)]
+struct RowsState {
+    tokens: Array<u32>,
+    item_begins: Array<u32>,
+    maxima: Array<f32>,
+    sums: Array<f32>,
+}
+
+/// One key step on the keys and values staged from element `staged_at`: steps 2–4 of the loop
+/// (scores, masks and online softmax in registers, weights × values). Every unit of the cube
+/// calls it.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn flash_step<F: Float, T: FragmentMath>(
+    tile: &Tile,
+    step: &Step,
+    query: &QueryPairs<F>,
+    rows_state: &mut RowsState,
+    accumulated: &mut Array<f32>,
+    staged_keys: &SharedMemory<F>,
+    staged_values: &SharedMemory<F>,
+    staged_at: usize,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] step_keys: usize,
+    #[comptime] rows: usize,
+) {
+    let (_, lane) = plane_and_lane();
+    // 2. Scores of the plane's rows against the step's keys.
+    let mut weights = T::scores::<F>(query, staged_keys, staged_at, head_dim, step_keys);
+
+    // 3. Masks and online softmax, each unit on its own elements, a row's quad together.
+    #[unroll]
+    for half in 0..HALVES {
+        let (from, to) = visible_keys(tile, step, rows_state.item_begins[half] as usize, rows_state.tokens[half] as usize);
+        let mut step_max = f32::new(NO_SCORE);
+        #[unroll]
+        for block in 0..comptime![step_keys / 8] {
+            #[unroll]
+            for column in 0..COLUMNS {
+                let e = 2 * half + column;
+                let key = block * 8 + fragment_column(lane, e);
+                let index = block * BLOCK_ELEMENTS + e;
+                let score = weights[index] * scale;
+                weights[index] = score;
+                if key >= from && key < to && score > step_max {
+                    step_max = score;
+                }
+            }
+        }
+        let step_max = T::quad_max(step_max, rows);
+        let previous = rows_state.maxima[half];
+        let mut running_max = previous;
+        if step_max > previous {
+            running_max = step_max;
+        }
+        // exp(0) = 1 while the row has seen nothing; 0-weighted history once it does.
+        let correction = f32::exp(previous - running_max);
+        let mut sum = rows_state.sums[half] * correction;
+        #[unroll]
+        for block in 0..comptime![step_keys / 8] {
+            #[unroll]
+            for column in 0..COLUMNS {
+                let e = 2 * half + column;
+                let key = block * 8 + fragment_column(lane, e);
+                let index = block * BLOCK_ELEMENTS + e;
+                let mut weight = f32::new(0.0);
+                if key >= from && key < to {
+                    weight = f32::exp(weights[index] - running_max);
+                }
+                weights[index] = weight;
+                sum += weight;
+            }
+        }
+        rows_state.maxima[half] = running_max;
+        rows_state.sums[half] = sum;
+        #[unroll]
+        for block in 0..comptime![head_dim / 8] {
+            #[unroll]
+            for column in 0..COLUMNS {
+                accumulated[block * BLOCK_ELEMENTS + 2 * half + column] *= correction;
+            }
+        }
+    }
+
+    // 4. Add weights × values.
+    T::accumulate::<F>(accumulated, &weights, staged_values, staged_at, head_dim, step_keys, rows);
 }

@@ -1,14 +1,19 @@
-//! The tiled kernel's tile multiply on tensor cores: `mma.sync` m16n8k16 with bf16/f16
-//! operands and f32 accumulators (CubeCL's manual MMA, CUDA sm_80+). A plane's 16 rows are
-//! the `m`; the scores take `keys / 8` `n`-blocks of 8 keys and `head_dim / 16` `k`-steps, the
-//! output `head_dim / 8` `n`-blocks and `keys / 16` `k`-steps.
+//! The tile kernels' multiplies on tensor cores: `mma.sync` m16n8k16 with bf16/f16 operands
+//! and f32 accumulators (CubeCL's manual MMA, CUDA sm_80+). A plane's 16 rows are the `m`; the
+//! scores take `keys / 8` `n`-blocks of 8 keys and `head_dim / 16` `k`-steps, the output
+//! `head_dim / 8` `n`-blocks and `keys / 16` `k`-steps.
 //!
-//! Fragments from shared memory are filled element by element from where CubeCL says each
-//! lane's elements sit (`position_of_nth`); the query fragments and the output accumulators
-//! stay in registers (as f32) for the whole key loop. The flash kernel's [`MmaFragments`] also
-//! relies on PTX's layout (an accumulator pair of blocks is an `A` fragment; a row's elements
-//! lie in one quad of lanes), which `mma_fragment_layout_is_ptxs` pins. `ldmatrix` loads and
-//! cp.async double buffering are the next steps, for the GPU suite to measure.
+//! The query fragments are loaded once, packed in the operand type, and stay in registers with
+//! the output accumulators (f32) for the whole key loop. Key and value fragments come from the
+//! staged tiles in shared memory as [`FragmentLoad`] reads them: `ldmatrix` (four 8 × 8
+//! matrices — two fragments — per instruction, `.trans` for the values) or one read per element
+//! where CubeCL says it sits (`position_of_nth`). The flash kernel's [`MmaFragments`] also relies
+//! on PTX's layout (an accumulator pair of blocks is an `A` fragment; a row's elements lie in
+//! one quad of lanes), which `mma_fragment_layout_is_ptxs` pins; `ldmatrix` gives each lane the
+//! elements of PTX's `B` layout by construction. cp.async double buffering is the next step,
+//! for the GPU suite to measure.
+
+use std::marker::PhantomData;
 
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::cmma::MmaDefinition;
@@ -16,7 +21,7 @@ use burn_cubecl::cubecl::ir::MatrixIdent;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::flash::{FragmentMath, BLOCK_ELEMENTS};
-use super::tiled::{plane_and_lane, TileMath, KEY_BLOCK, NO_ROW};
+use super::tiled::{plane_and_lane, QueryPairs, TileMath, KEY_BLOCK, NO_ROW};
 use super::walk::staged_row;
 
 /// `(m, n, k)` of one multiply.
@@ -26,8 +31,13 @@ pub const MMA_SHAPE: (u32, u32, u32) = (16, 8, 16);
 /// accumulators (`contiguous_elements_cuda` in cubecl-cpp).
 type Pair = Const<2>;
 const PAIR: usize = 2;
+/// Registers of one `B` fragment (16 × 8): two pairs.
+const B_REGISTERS: usize = 2;
 
-pub(super) struct MmaTile;
+/// The tiled kernel's tile math on tensor cores, its key and value fragments read by `L`.
+pub(super) struct MmaTile<L: FragmentLoad> {
+    _loads: PhantomData<L>,
+}
 
 #[cube]
 fn definition<F: Float>() -> MmaDefinition<F, F, f32> {
@@ -41,12 +51,7 @@ fn zeros<F: Float>(def: MmaDefinition<F, F, f32>) -> Array<Vector<f32, Pair>> {
     let mut fragment = Array::<Vector<f32, Pair>>::new(count);
     #[unroll]
     for i in 0..count {
-        let mut pair = Vector::empty();
-        #[unroll]
-        for n in 0..PAIR {
-            pair[n] = 0.0;
-        }
-        fragment[i] = pair;
+        fragment[i] = Vector::new(0.0);
     }
     fragment
 }
@@ -65,6 +70,18 @@ fn a_from_registers<F: Float>(def: MmaDefinition<F, F, f32>, registers: &Array<f
             pair[n] = F::cast_from(registers[first + i * PAIR + n]);
         }
         fragment[i] = pair;
+    }
+    fragment
+}
+
+/// The A fragment of the query's `k`-step `step` (its registers, packed at load).
+#[cube]
+fn query_step<F: Float>(def: MmaDefinition<F, F, f32>, query: &QueryPairs<F>, step: usize) -> Array<Vector<F, Pair>> {
+    let count = def.vectors_per_lane(MatrixIdent::A);
+    let mut fragment = Array::<Vector<F, Pair>>::new(count);
+    #[unroll]
+    for i in 0..count {
+        fragment[i] = query[step * count + i];
     }
     fragment
 }
@@ -106,78 +123,180 @@ fn b_from_shared<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged: &Sh
     fragment
 }
 
-/// The A fragments of the plane's query rows, one per `k`-step of 16 dimensions, as f32.
+/// B fragment `which` (0 or 1) of two loaded together.
 #[cube]
-fn query_fragments<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> Array<f32> {
+fn b_half<F: Float>(two: &Array<Vector<F, Pair>>, #[comptime] which: usize) -> Array<Vector<F, Pair>> {
+    let mut fragment = Array::<Vector<F, Pair>>::new(B_REGISTERS);
+    #[unroll]
+    for i in 0..B_REGISTERS {
+        fragment[i] = two[which * B_REGISTERS + i];
+    }
+    fragment
+}
+
+/// How the tensor-core tiles read their key and value `B` fragments from the staged tiles
+/// (`[keys, head_dim]`, rows [`staged_row`] apart). Each call gives two fragments, registers
+/// `0..2` and `2..4`; `first` is the element where the first fragment's first key row starts,
+/// at its first dimension.
+#[cube]
+pub(super) trait FragmentLoad: 'static + Send + Sync {
+    /// Keysᵀ at dimensions `first..first + 16` of their rows (the `k`), for the 8 keys from
+    /// `first`'s and for the 8 after them (the `n` of each).
+    fn keys<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_keys: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>>;
+
+    /// Values of the 16 keys from `first`'s (the `k`), at 8 dimensions from `first`'s and at the
+    /// 8 after them (the `n` of each).
+    fn values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_values: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>>;
+}
+
+/// One `ldmatrix.x4` per two fragments. Lanes `8i .. 8i + 7` give the row addresses of matrix
+/// `i` (its row `lane % 8`), and lane `l` receives row `l / 4`, elements `2(l % 4)` and
+/// `2(l % 4) + 1` of each: for a key row that is `B = Kᵀ`'s (k = dimensions, n = key) pair as
+/// PTX's m16n8k16 `B` layout puts it; with `.trans` on value rows, the (k = keys, n = dimension)
+/// pair. Rows start 16-byte aligned: the tiles are, and their rows ([`staged_row`]), the
+/// buffers and the 8-element column blocks are multiples of 16 bytes in bf16/f16.
+pub(super) struct Ldmatrix;
+
+#[cube]
+impl FragmentLoad for Ldmatrix {
+    fn keys<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_keys: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
+        // Matrices: (keys 0..8, dims 0..8), (keys 0..8, dims 8..16), then the next 8 keys.
+        let matrix = lane as usize / 8;
+        let start = first + ((matrix / 2) * 8 + lane as usize % 8) * comptime![staged_row(head_dim)] + (matrix % 2) * 8;
+        def.load_matrix::<F, Pair>(&staged_keys.slice(start, start + 8), MatrixIdent::B, 4usize, false)
+    }
+
+    fn values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_values: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
+        // Matrices: (keys 0..8, dims 0..8), (keys 8..16, dims 0..8), then the next 8 dims.
+        let matrix = lane as usize / 8;
+        let start = first + ((matrix % 2) * 8 + lane as usize % 8) * comptime![staged_row(head_dim)] + (matrix / 2) * 8;
+        def.load_matrix::<F, Pair>(&staged_values.slice(start, start + 8), MatrixIdent::B, 4usize, true)
+    }
+}
+
+/// One shared-memory read per element, where CubeCL's `position_of_nth` puts it.
+pub(super) struct ElementLoads;
+
+#[cube]
+impl FragmentLoad for ElementLoads {
+    fn keys<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_keys: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
+        // B is keysᵀ: element (dimension, key).
+        let row = comptime![staged_row(head_dim)];
+        let low = b_from_shared::<F>(def, lane, staged_keys, first, 1usize, row);
+        let high = b_from_shared::<F>(def, lane, staged_keys, first + 8 * row, 1usize, row);
+        join::<F>(&low, &high)
+    }
+
+    fn values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_values: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
+        // B is the values: element (key, dimension).
+        let row = comptime![staged_row(head_dim)];
+        let low = b_from_shared::<F>(def, lane, staged_values, first, row, 1usize);
+        let high = b_from_shared::<F>(def, lane, staged_values, first + 8, row, 1usize);
+        join::<F>(&low, &high)
+    }
+}
+
+/// Two B fragments as one array, as `ldmatrix.x4` gives them.
+#[cube]
+fn join<F: Float>(first: &Array<Vector<F, Pair>>, second: &Array<Vector<F, Pair>>) -> Array<Vector<F, Pair>> {
+    let mut both = Array::<Vector<F, Pair>>::new(comptime![2 * B_REGISTERS]);
+    #[unroll]
+    for i in 0..B_REGISTERS {
+        both[i] = first[i];
+        both[B_REGISTERS + i] = second[i];
+    }
+    both
+}
+
+/// The A fragments of the plane's query rows, one per `k`-step of 16 dimensions, packed in `F`.
+#[cube]
+fn query_fragments<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> QueryPairs<F> {
     let def = definition::<F>();
     let (plane_row, lane) = plane_and_lane();
-    let per_step = def.elems_per_lane(MatrixIdent::A);
-    let mut query = Array::<f32>::new(comptime![head_dim / 16 * per_step]);
+    let per_step = def.vectors_per_lane(MatrixIdent::A);
+    let mut query = Array::<Vector<F, Pair>>::new(comptime![head_dim / 16 * per_step]);
     #[unroll]
     for step in 0..comptime![head_dim / 16] {
         #[unroll]
-        for n in 0..per_step {
-            let (row, dim) = def.position_of_nth(lane as u32, n as u32, MatrixIdent::A);
-            let offset = row_offsets[plane_row + row as usize];
-            let mut value = f32::new(0.0);
-            if offset != NO_ROW {
-                value = f32::cast_from(queries[offset as usize + step * 16 + dim as usize]);
+        for i in 0..per_step {
+            let mut pair = Vector::empty();
+            #[unroll]
+            for n in 0..PAIR {
+                let (row, dim) = def.position_of_nth(lane as u32, (i * PAIR + n) as u32, MatrixIdent::A);
+                let offset = row_offsets[plane_row + row as usize];
+                let mut value = F::new(0.0);
+                if offset != NO_ROW {
+                    value = queries[offset as usize + step * 16 + dim as usize];
+                }
+                pair[n] = value;
             }
-            query[step * per_step + n] = value;
+            query[step * per_step + i] = pair;
         }
     }
     query
 }
 
 /// `output += a · values` for every block of 8 dimensions of `output` (accumulator fragments in
-/// f32, `head_dim / 8` of them), `values` staged as `[keys, head_dim]` (rows `staged_row` apart) from key `first_key`.
+/// f32, `head_dim / 8` of them), `a` the weights of the 16 staged values whose rows start at
+/// element `first`.
 #[cube]
-fn add_times_values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, output: &mut Array<f32>, a: &Array<Vector<F, Pair>>, values: &SharedMemory<F>, first_key: usize, #[comptime] head_dim: usize) {
+fn add_times_values<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, lane: u32, output: &mut Array<f32>, a: &Array<Vector<F, Pair>>, values: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) {
     let per_block = def.elems_per_lane(MatrixIdent::Accumulator);
     let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
     #[unroll]
-    for block in 0..comptime![head_dim / 8] {
-        let mut product = Array::<Vector<f32, Pair>>::new(c_vectors);
+    for blocks in 0..comptime![head_dim / 16] {
+        let b = L::values::<F>(def, lane, values, first + blocks * 16, head_dim);
         #[unroll]
-        for i in 0..c_vectors {
-            let mut pair = Vector::empty();
+        for which in 0..2usize {
+            let block = 2 * blocks + which;
+            let mut product = Array::<Vector<f32, Pair>>::new(c_vectors);
             #[unroll]
-            for n in 0..PAIR {
-                pair[n] = output[block * per_block + i * PAIR + n];
+            for i in 0..c_vectors {
+                let mut pair = Vector::empty();
+                #[unroll]
+                for n in 0..PAIR {
+                    pair[n] = output[block * per_block + i * PAIR + n];
+                }
+                product[i] = pair;
             }
-            product[i] = pair;
-        }
-        // B is the values: element (key, dimension).
-        let b = b_from_shared::<F>(def, lane, values, first_key * comptime![staged_row(head_dim)] + block * 8, comptime![staged_row(head_dim)], 1usize);
-        def.execute_inplace(a, &b, &mut product);
-        #[unroll]
-        for i in 0..c_vectors {
+            def.execute_inplace(a, &b_half::<F>(&b, which), &mut product);
             #[unroll]
-            for n in 0..PAIR {
-                output[block * per_block + i * PAIR + n] = product[i][n];
+            for i in 0..c_vectors {
+                #[unroll]
+                for n in 0..PAIR {
+                    output[block * per_block + i * PAIR + n] = product[i][n];
+                }
             }
         }
     }
 }
 
-/// `query · keys` (unscaled) of the plane's rows and the 8 staged keys from `first_key`.
+/// `query · keys` (unscaled) of the plane's rows and the 16 staged keys whose rows start at
+/// element `first`: two accumulator blocks of 8 keys, registers `0..2` and `2..4`.
 #[cube]
-fn score_block<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, query: &Array<f32>, staged_keys: &SharedMemory<F>, first_key: usize, #[comptime] head_dim: usize) -> Array<Vector<f32, Pair>> {
-    let per_step = def.elems_per_lane(MatrixIdent::A);
-    let mut product = zeros::<F>(def);
+fn score_blocks<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, lane: u32, query: &QueryPairs<F>, staged_keys: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<f32, Pair>> {
+    let mut low = zeros::<F>(def);
+    let mut high = zeros::<F>(def);
     #[unroll]
     for step in 0..comptime![head_dim / 16] {
-        let a = a_from_registers::<F>(def, query, step * per_step);
-        // B is keysᵀ: element (dimension, key).
-        let b = b_from_shared::<F>(def, lane, staged_keys, first_key * comptime![staged_row(head_dim)] + step * 16, 1usize, comptime![staged_row(head_dim)]);
-        def.execute_inplace(&a, &b, &mut product);
+        let a = query_step::<F>(def, query, step);
+        let b = L::keys::<F>(def, lane, staged_keys, first + step * 16, head_dim);
+        def.execute_inplace(&a, &b_half::<F>(&b, 0usize), &mut low);
+        def.execute_inplace(&a, &b_half::<F>(&b, 1usize), &mut high);
     }
-    product
+    let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
+    let mut both = Array::<Vector<f32, Pair>>::new(comptime![2 * c_vectors]);
+    #[unroll]
+    for i in 0..c_vectors {
+        both[i] = low[i];
+        both[c_vectors + i] = high[i];
+    }
+    both
 }
 
 #[cube]
-impl TileMath for MmaTile {
-    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> Array<f32> {
+impl<L: FragmentLoad> TileMath for MmaTile<L> {
+    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> QueryPairs<F> {
         query_fragments::<F>(queries, row_offsets, head_dim)
     }
 
@@ -193,20 +312,21 @@ impl TileMath for MmaTile {
         output
     }
 
-    fn scores<F: Float>(query: &Array<f32>, staged_keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize, #[comptime] keys: usize) {
+    fn scores<F: Float>(query: &QueryPairs<F>, staged_keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize, #[comptime] keys: usize) {
         let def = definition::<F>();
         let (plane_row, lane) = plane_and_lane();
         let lane = lane as u32;
         let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
         #[unroll]
-        for block in 0..comptime![keys / 8] {
-            let product = score_block::<F>(def, lane, query, staged_keys, block * 8, head_dim);
+        for blocks in 0..comptime![keys / 16] {
+            let product = score_blocks::<F, L>(def, lane, query, staged_keys, blocks * comptime![16 * staged_row(head_dim)], head_dim);
             #[unroll]
-            for i in 0..c_vectors {
+            for i in 0..comptime![2 * c_vectors] {
                 #[unroll]
                 for n in 0..PAIR {
-                    let (row, key) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::Accumulator);
-                    scores[(plane_row + row as usize) * keys + block * 8 + key as usize] = product[i][n] * scale;
+                    // Registers `0..c_vectors` are the first block of 8 keys, the rest the second.
+                    let (row, key) = def.position_of_nth(lane, ((i % c_vectors) * PAIR + n) as u32, MatrixIdent::Accumulator);
+                    scores[(plane_row + row as usize) * keys + blocks * 16 + (i / c_vectors) * 8 + key as usize] = product[i][n] * scale;
                 }
             }
         }
@@ -231,7 +351,7 @@ impl TileMath for MmaTile {
         for step in 0..comptime![keys / KEY_BLOCK] {
             // A is the weights: element (row, key), loaded once for every block of dimensions.
             let a = a_from_shared::<F>(def, lane, weights, plane_row * keys + step * KEY_BLOCK, keys);
-            add_times_values::<F>(def, lane, output, &a, values, step * KEY_BLOCK, head_dim);
+            add_times_values::<F, L>(def, lane, output, &a, values, step * comptime![KEY_BLOCK * staged_row(head_dim)], head_dim);
         }
     }
 
@@ -254,39 +374,43 @@ impl TileMath for MmaTile {
     }
 }
 
-/// The flash kernel's fragments on tensor cores: the scores as m16n8k16 accumulators, whose
-/// weights are then the weights × values multiply's `A` fragments as they lie (PTX puts `A`'s
-/// columns `2t, 2t + 1` and `2t + 8, 2t + 9` of rows `g`, `g + 8` where the accumulators of two
-/// 8-key blocks hold them), and a row's quad reduced with two shuffles.
-pub(super) struct MmaFragments;
+/// The flash kernel's fragments on tensor cores, its key and value fragments read by `L`: the
+/// scores as m16n8k16 accumulators, whose weights are then the weights × values multiply's `A`
+/// fragments as they lie (PTX puts `A`'s columns `2t, 2t + 1` and `2t + 8, 2t + 9` of rows `g`,
+/// `g + 8` where the accumulators of two 8-key blocks hold them), and a row's quad reduced with
+/// two shuffles.
+pub(super) struct MmaFragments<L: FragmentLoad> {
+    _loads: PhantomData<L>,
+}
 
 #[cube]
-impl FragmentMath for MmaFragments {
-    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> Array<f32> {
+impl<L: FragmentLoad> FragmentMath for MmaFragments<L> {
+    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> QueryPairs<F> {
         query_fragments::<F>(queries, row_offsets, head_dim)
     }
 
-    fn scores<F: Float>(query: &Array<f32>, staged_keys: &SharedMemory<F>, #[comptime] head_dim: usize, #[comptime] keys: usize) -> Array<f32> {
+    fn scores<F: Float>(query: &QueryPairs<F>, staged_keys: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize) -> Array<f32> {
         let def = definition::<F>();
         let (_, lane) = plane_and_lane();
         let lane = lane as u32;
         let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
         let mut scores = Array::<f32>::new(comptime![keys / 8 * BLOCK_ELEMENTS]);
         #[unroll]
-        for block in 0..comptime![keys / 8] {
-            let product = score_block::<F>(def, lane, query, staged_keys, block * 8, head_dim);
+        for blocks in 0..comptime![keys / 16] {
+            // Two blocks of 8 keys, in fragment order: `2 · BLOCK_ELEMENTS` elements.
+            let product = score_blocks::<F, L>(def, lane, query, staged_keys, staged_at + blocks * comptime![16 * staged_row(head_dim)], head_dim);
             #[unroll]
-            for i in 0..c_vectors {
+            for i in 0..comptime![2 * c_vectors] {
                 #[unroll]
                 for n in 0..PAIR {
-                    scores[block * BLOCK_ELEMENTS + i * PAIR + n] = product[i][n];
+                    scores[blocks * 2 * BLOCK_ELEMENTS + i * PAIR + n] = product[i][n];
                 }
             }
         }
         scores
     }
 
-    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &Array<f32>, staged_values: &SharedMemory<F>, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] _rows: usize) {
+    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &Array<f32>, staged_values: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] _rows: usize) {
         let def = definition::<F>();
         let (_, lane) = plane_and_lane();
         let lane = lane as u32;
@@ -294,7 +418,7 @@ impl FragmentMath for MmaFragments {
         #[unroll]
         for step in 0..comptime![keys / KEY_BLOCK] {
             let a = a_from_registers::<F>(def, weights, step * per_step);
-            add_times_values::<F>(def, lane, output, &a, staged_values, step * KEY_BLOCK, head_dim);
+            add_times_values::<F, L>(def, lane, output, &a, staged_values, staged_at + step * comptime![KEY_BLOCK * staged_row(head_dim)], head_dim);
         }
     }
 

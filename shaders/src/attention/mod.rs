@@ -50,13 +50,15 @@ pub enum AttentionKernel {
     /// odd head size, more shared memory than the device has).
     Tiled(TileShape),
     /// The tiled kernel's tiles with the scores, softmax and weights kept in registers
-    /// (FlashAttention-2's loop): two `sync_cube` per key step where the tiled kernel has four,
-    /// no score tile in shared memory. Tensor cores as for [`Self::Tiled`]; falls back to the
-    /// row kernel where a tile cannot hold the shape (a head size not a multiple of 8 too).
+    /// (FlashAttention-2's loop): no score tile in shared memory, and with two stages the next
+    /// key step read while this one is computed, one `sync_cube` a step where the tiled kernel
+    /// has four. Tensor cores as for [`Self::Tiled`]; one stage where two don't fit the device's
+    /// shared memory; the row kernel where a tile cannot hold the shape (a head size not a
+    /// multiple of 8 too).
     Flash(TileShape),
 }
 
-pub use tally_core::TileShape;
+pub use tally_core::{FragmentLoads, TileShape};
 
 /// Whether a cube of `shape` fits the shared memory of `client`'s device at `head_dim` in `dtype`.
 pub fn tile_fits<R: CubeRuntime>(shape: TileShape, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> bool {
@@ -145,26 +147,38 @@ impl<R: CubeRuntime> AttentionTiles<R> {
 
     /// The tile kernel a call at `head_dim` in `dtype` runs: where its tile fits, with tensor
     /// cores where they take it; `None`: the row kernel, which takes any tile it is given,
-    /// whatever it was cut for.
+    /// whatever it was cut for. The tiled kernel stages one key step at a time; the flash
+    /// kernel keeps one fewer in flight where its stages don't fit.
     fn tile_kernel(&self, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> Option<(TileLoop, TileMath, TileShape)> {
         let math = if head_dim.is_multiple_of(16) && tensor_core_tiles(client, dtype) { TileMath::Mma } else { TileMath::Register };
+        let fits = |shape: TileShape| tile_fits(shape, client, head_dim, dtype);
+        let one_stage = |shape: TileShape| TileShape { stages: 1, ..shape };
         match self.kernel {
-            AttentionKernel::Tiled(shape) if head_dim.is_multiple_of(2) && tile_fits(shape, client, head_dim, dtype) => Some((TileLoop::SharedSoftmax, math, shape)),
-            AttentionKernel::Flash(shape) if head_dim.is_multiple_of(8) && tile_fits(shape, client, head_dim, dtype) => Some((TileLoop::Flash, math, shape)),
+            AttentionKernel::Tiled(shape) if head_dim.is_multiple_of(2) && fits(one_stage(shape)) => Some((TileLoop::SharedSoftmax, math, one_stage(shape))),
+            AttentionKernel::Flash(shape) if head_dim.is_multiple_of(8) => [shape, one_stage(shape)].into_iter().find(|&shape| fits(shape)).map(|shape| (TileLoop::Flash, math, shape)),
             _ => None,
         }
     }
 
     /// What a call at `head_dim` in `dtype` runs, for benchmarks and tests to report: `rows`,
-    /// or `tiled`/`flash` with `registers`/`tensor cores`.
-    pub fn launched(&self, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> &'static str {
-        match self.tile_kernel(client, head_dim, dtype) {
-            None => "rows",
-            Some((TileLoop::SharedSoftmax, TileMath::Register, _)) => "tiled, registers",
-            Some((TileLoop::SharedSoftmax, TileMath::Mma, _)) => "tiled, tensor cores",
-            Some((TileLoop::Flash, TileMath::Register, _)) => "flash, registers",
-            Some((TileLoop::Flash, TileMath::Mma, _)) => "flash, tensor cores",
+    /// or `tiled`/`flash` with `registers`/`tensor cores`, on tensor cores how their fragments
+    /// load (`ldmatrix`/`elements`), and the flash kernel's stages.
+    pub fn launched(&self, head_dim: usize, dtype: DType) -> String {
+        let Some((tile_loop, math, shape)) = self.tile_kernel(&self.tiles.client, head_dim, dtype) else {
+            return "rows".into();
+        };
+        let mut launched = String::from(match tile_loop {
+            TileLoop::SharedSoftmax => "tiled",
+            TileLoop::Flash => "flash",
+        });
+        match math {
+            TileMath::Register => launched.push_str(", registers"),
+            TileMath::Mma => launched.push_str(&format!(", tensor cores, {}", shape.loads.name())),
         }
+        if tile_loop == TileLoop::Flash {
+            launched.push_str(&format!(", {} stage{}", shape.stages, if shape.stages == 1 { "" } else { "s" }));
+        }
+        launched
     }
 }
 
@@ -212,13 +226,17 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         let (prefix_keys, prefix_values) = (into_contiguous(self.prefix_keys), into_contiguous(self.prefix_values));
         let grid = cubes(tiles.tile_count, kv_heads);
         let scale = (head_dim as f32).powf(-0.5);
-        // Every kernel takes the same tensors; the tile kernels also their tile's comptime sizes.
+        // The tile kernels stage K/V a vector at a time.
+        let width = staging_width(&client, head_dim, dtype, [&keys, &values, &prefix_keys, &prefix_values]);
+        // Every kernel takes the same tensors; the tile kernels also the K/V vectors' width and
+        // their tile's comptime sizes.
         macro_rules! launch {
-            ($launch:expr, $units:expr $(, $tile_size:expr)*) => {
+            ($launch:expr, $units:expr, [$($width:expr)?] $(, $tile_size:expr)*) => {
                 $launch(
                     &client,
                     grid,
                     CubeDim::new_1d($units as u32),
+                    $($width,)?
                     queries.into_tensor_arg(),
                     keys.into_tensor_arg(),
                     values.into_tensor_arg(),
@@ -236,13 +254,27 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
             };
         }
         match tiled {
-            Some((TileLoop::SharedSoftmax, TileMath::Mma, shape)) => launch!(tiled::tiled_attention_kernel::launch::<mma_tile::MmaTile, R>, tiled::units_per_cube(shape), shape.rows, shape.keys),
-            Some((TileLoop::SharedSoftmax, TileMath::Register, shape)) => launch!(tiled::tiled_attention_kernel::launch::<register_tile::RegisterTile, R>, tiled::units_per_cube(shape), shape.rows, shape.keys),
-            Some((TileLoop::Flash, TileMath::Mma, shape)) => launch!(flash::flash_attention_kernel::launch::<mma_tile::MmaFragments, R>, tiled::units_per_cube(shape), shape.rows, shape.keys),
-            Some((TileLoop::Flash, TileMath::Register, shape)) => launch!(flash::flash_attention_kernel::launch::<register_tile::RegisterFragments, R>, tiled::units_per_cube(shape), shape.rows, shape.keys),
-            None => launch!(rows::row_attention_kernel::launch::<R>, tiles.tokens_per_tile * tiles.group),
+            Some((TileLoop::SharedSoftmax, TileMath::Mma, shape)) => match shape.loads {
+                FragmentLoads::Ldmatrix => launch!(tiled::tiled_attention_kernel::launch::<mma_tile::MmaTile<mma_tile::Ldmatrix>, R>, tiled::units_per_cube(shape), [width], shape.rows, shape.keys),
+                FragmentLoads::Elements => launch!(tiled::tiled_attention_kernel::launch::<mma_tile::MmaTile<mma_tile::ElementLoads>, R>, tiled::units_per_cube(shape), [width], shape.rows, shape.keys),
+            },
+            Some((TileLoop::SharedSoftmax, TileMath::Register, shape)) => launch!(tiled::tiled_attention_kernel::launch::<register_tile::RegisterTile, R>, tiled::units_per_cube(shape), [width], shape.rows, shape.keys),
+            Some((TileLoop::Flash, TileMath::Mma, shape)) => match shape.loads {
+                FragmentLoads::Ldmatrix => launch!(flash::flash_attention_kernel::launch::<mma_tile::MmaFragments<mma_tile::Ldmatrix>, R>, tiled::units_per_cube(shape), [width], shape.rows, shape.keys, shape.stages),
+                FragmentLoads::Elements => launch!(flash::flash_attention_kernel::launch::<mma_tile::MmaFragments<mma_tile::ElementLoads>, R>, tiled::units_per_cube(shape), [width], shape.rows, shape.keys, shape.stages),
+            },
+            Some((TileLoop::Flash, TileMath::Register, shape)) => launch!(flash::flash_attention_kernel::launch::<register_tile::RegisterFragments, R>, tiled::units_per_cube(shape), [width], shape.rows, shape.keys, shape.stages),
+            None => launch!(rows::row_attention_kernel::launch::<R>, tiles.tokens_per_tile * tiles.group, []),
         }
     }
+}
+
+/// Elements per vector the tile kernels stage K/V with: the widest the device loads fastest
+/// (16 bytes on CUDA, 4 elements in WGSL) that divides `head_dim` and every K/V tensor's offset
+/// in its buffer.
+fn staging_width<R: CubeRuntime>(client: &ComputeClient<R>, head_dim: usize, dtype: DType, kv: [&CubeTensor<R>; 4]) -> usize {
+    let aligned = |width: usize| kv.iter().all(|tensor| tensor.handle.offset_start.unwrap_or(0).is_multiple_of((width * dtype.size()) as u64));
+    client.io_optimized_vector_sizes(dtype.size()).find(|&width| head_dim.is_multiple_of(width) && aligned(width)).unwrap_or(1)
 }
 
 /// Cuts the items into tiles of at most `tokens_per_tile` tokens: whole consecutive items with
@@ -279,7 +311,7 @@ mod tests {
     #[test]
     fn tile_shapes_are_those_built() {
         assert_eq!(TileShape::new(64, 16), Some(TileShape::default()));
-        assert_eq!(TileShape::new(128, 64), Some(TileShape { rows: 128, keys: 64 }));
+        assert_eq!(TileShape::new(128, 64), Some(TileShape { rows: 128, keys: 64, stages: 2, loads: super::FragmentLoads::Ldmatrix }));
         for (rows, keys) in [(48, 16), (64, 8), (256, 16), (0, 0)] {
             assert_eq!(TileShape::new(rows, keys), None, "{rows}x{keys}");
         }

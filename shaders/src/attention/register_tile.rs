@@ -11,10 +11,31 @@ use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::flash::{fragment_column, fragment_row, FragmentMath, BLOCK_ELEMENTS, HALVES, QUAD};
-use super::tiled::{plane_and_lane, units_per_cube_of, TileMath, NO_ROW, ROWS_PER_PLANE};
+use super::tiled::{plane_and_lane, units_per_cube_of, QueryPairs, TileMath, NO_ROW, ROWS_PER_PLANE};
 use super::walk::staged_row;
 
 pub(super) struct RegisterTile;
+
+/// Query row `row` of the cube (zeros for a row without a token), in pairs.
+#[cube]
+fn query_rows<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, row: usize, #[comptime] head_dim: usize) -> QueryPairs<F> {
+    let offset = row_offsets[row];
+    let mut query = Array::<Vector<F, Const<2>>>::new(comptime![head_dim / 2]);
+    #[unroll]
+    for pair in 0..comptime![head_dim / 2] {
+        let mut elements = Vector::empty();
+        #[unroll]
+        for n in 0..2usize {
+            let mut value = F::new(0.0);
+            if offset != NO_ROW {
+                value = queries[offset as usize + 2 * pair + n];
+            }
+            elements[n] = value;
+        }
+        query[pair] = elements;
+    }
+    query
+}
 
 /// This unit's row in the cube and its half (0 or 1).
 #[cube]
@@ -26,18 +47,9 @@ fn row_and_half() -> (usize, usize) {
 #[cube]
 impl TileMath for RegisterTile {
     /// The whole query row (both halves of a row hold it).
-    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> Array<f32> {
+    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> QueryPairs<F> {
         let (row, _) = row_and_half();
-        let offset = row_offsets[row];
-        let mut query = Array::<f32>::new(head_dim);
-        #[unroll]
-        for e in 0..head_dim {
-            query[e] = 0.0;
-            if offset != NO_ROW {
-                query[e] = f32::cast_from(queries[offset as usize + e]);
-            }
-        }
-        query
+        query_rows::<F>(queries, row_offsets, row, head_dim)
     }
 
     /// Half the row's dimensions.
@@ -50,14 +62,14 @@ impl TileMath for RegisterTile {
         output
     }
 
-    fn scores<F: Float>(query: &Array<f32>, staged_keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize, #[comptime] keys: usize) {
+    fn scores<F: Float>(query: &QueryPairs<F>, staged_keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize, #[comptime] keys: usize) {
         let (row, half) = row_and_half();
         for j in 0..comptime![keys / 2] {
             let key = half * comptime![keys / 2] + j;
             let mut score = f32::new(0.0);
             #[unroll]
             for e in 0..head_dim {
-                score += query[e] * f32::cast_from(staged_keys[key * comptime![staged_row(head_dim)] + e]);
+                score += f32::cast_from(query[e / 2][e % 2]) * f32::cast_from(staged_keys[key * comptime![staged_row(head_dim)] + e]);
             }
             scores[row * keys + key] = score * scale;
         }
@@ -115,19 +127,16 @@ fn quad_values(value: f32, #[comptime] rows: usize) -> Array<f32> {
 
 #[cube]
 impl FragmentMath for RegisterFragments {
-    /// The unit's two query rows (plane rows `g` and `g + 8`), whole.
-    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> Array<f32> {
+    /// The unit's two query rows (plane rows `g` and `g + 8`), whole, one after the other.
+    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> QueryPairs<F> {
         let (plane_row, lane) = plane_and_lane();
-        let mut query = Array::<f32>::new(comptime![2 * head_dim]);
+        let mut query = Array::<Vector<F, Const<2>>>::new(head_dim);
         #[unroll]
         for half in 0..HALVES {
-            let offset = row_offsets[plane_row + fragment_row(lane, 2 * half)];
+            let row = query_rows::<F>(queries, row_offsets, plane_row + fragment_row(lane, 2 * half), head_dim);
             #[unroll]
-            for e in 0..head_dim {
-                query[half * head_dim + e] = 0.0;
-                if offset != NO_ROW {
-                    query[half * head_dim + e] = f32::cast_from(queries[offset as usize + e]);
-                }
+            for pair in 0..comptime![head_dim / 2] {
+                query[half * comptime![head_dim / 2] + pair] = row[pair];
             }
         }
         query
@@ -136,7 +145,7 @@ impl FragmentMath for RegisterFragments {
     // The runtime loops are the outer ones, a few per key step: llvmpipe (lavapipe) counts a
     // loop's iterations over the whole invocation and stops it at 65,535, so a runtime loop
     // inside unrolled ones would end early past ~1,000 keys (head_dim 64).
-    fn scores<F: Float>(query: &Array<f32>, staged_keys: &SharedMemory<F>, #[comptime] head_dim: usize, #[comptime] keys: usize) -> Array<f32> {
+    fn scores<F: Float>(query: &QueryPairs<F>, staged_keys: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize) -> Array<f32> {
         let (_, lane) = plane_and_lane();
         let mut scores = Array::<f32>::new(comptime![keys / 8 * BLOCK_ELEMENTS]);
         for index in 0..comptime![keys / 8 * BLOCK_ELEMENTS] {
@@ -146,7 +155,7 @@ impl FragmentMath for RegisterFragments {
             let mut score = f32::new(0.0);
             #[unroll]
             for d in 0..head_dim {
-                score += query[half * head_dim + d] * f32::cast_from(staged_keys[key * comptime![staged_row(head_dim)] + d]);
+                score += f32::cast_from(query[(half * head_dim + d) / 2][d % 2]) * f32::cast_from(staged_keys[staged_at + key * comptime![staged_row(head_dim)] + d]);
             }
             scores[index] = score;
         }
@@ -155,7 +164,7 @@ impl FragmentMath for RegisterFragments {
 
     /// The plane's weights go through shared memory (`[rows, keys]`), where tensor cores would
     /// read them from the quad's registers.
-    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &Array<f32>, staged_values: &SharedMemory<F>, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] rows: usize) {
+    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &Array<f32>, staged_values: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] rows: usize) {
         let (plane_row, lane) = plane_and_lane();
         let mut shared_weights = SharedMemory::<f32>::new(comptime![rows * keys]);
         #[unroll]
@@ -174,7 +183,7 @@ impl FragmentMath for RegisterFragments {
             let mut sum = output[index];
             #[unroll]
             for key in 0..keys {
-                sum += shared_weights[row * keys + key] * f32::cast_from(staged_values[key * comptime![staged_row(head_dim)] + dim]);
+                sum += shared_weights[row * keys + key] * f32::cast_from(staged_values[staged_at + key * comptime![staged_row(head_dim)] + dim]);
             }
             output[index] = sum;
         }

@@ -18,7 +18,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::walk::{read_tile, stage_step, staged_row, tile_row, visible_keys, walk_step};
+use super::walk::{load_share, read_tile, staged_row, store_share, tile_row, visible_keys, walk_step};
 use super::NO_SCORE;
 use crate::grid::cube_index;
 
@@ -32,20 +32,24 @@ pub(super) const KEY_BLOCK: usize = 16;
 /// The row offset of a row without a token (the tile's last tokens × group may not fill 64).
 pub(super) const NO_ROW: u32 = u32::MAX;
 
+/// A unit's share of its plane's query rows, loaded once, as the tile math packs them: pairs
+/// of elements in the queries' type (tensor cores' operand registers).
+pub(super) type QueryPairs<F> = Array<Vector<F, Const<2>>>;
+
 /// What a plane does with its 16 rows, in the units' registers. Every method is called by
 /// every unit of the cube (the unit's plane and lane come from `UNIT_POS_X`).
 #[cube]
 pub(super) trait TileMath: 'static + Send + Sync {
     /// This unit's share of its plane's query rows (`row_offsets`: where each of the cube's
     /// rows starts in `queries`, [`NO_ROW`] for none): what [`Self::scores`] reads.
-    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> Array<f32>;
+    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> QueryPairs<F>;
 
     /// This unit's share of its plane's output rows, zero.
     fn new_output<F: Float>(#[comptime] head_dim: usize) -> Array<f32>;
 
     /// Writes `scale · query · key` for the plane's rows and the `keys` staged keys
     /// (`[keys, head_dim]`, rows [`staged_row`] apart) into `scores` (`[rows, keys]`).
-    fn scores<F: Float>(query: &Array<f32>, staged_keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize, #[comptime] keys: usize);
+    fn scores<F: Float>(query: &QueryPairs<F>, staged_keys: &SharedMemory<F>, scores: &mut SharedMemory<f32>, scale: f32, #[comptime] head_dim: usize, #[comptime] keys: usize);
 
     /// `output = output · correction[row] + weights · values` for the plane's rows
     /// (`weights`: `[rows, keys]`, `values`: `[keys, head_dim]` staged like the keys).
@@ -74,12 +78,12 @@ pub(super) fn plane_and_lane() -> (usize, usize) {
 
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
+pub(super) fn tiled_attention_kernel<F: Float, T: TileMath, N: Size>(
     queries: &Tensor<F>,
-    keys: &Tensor<F>,
-    values: &Tensor<F>,
-    prefix_keys: &Tensor<F>,
-    prefix_values: &Tensor<F>,
+    keys: &Tensor<Vector<F, N>>,
+    values: &Tensor<Vector<F, N>>,
+    prefix_keys: &Tensor<Vector<F, N>>,
+    prefix_values: &Tensor<Vector<F, N>>,
     tiles: &Tensor<u32>,
     item_starts: &Tensor<u32>,
     output: &mut Tensor<F>,
@@ -119,8 +123,9 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
 
     let query = T::load_query::<F>(queries, &row_offsets, head_dim);
     let mut accumulated = T::new_output::<F>(head_dim);
-    let mut tile_keys = SharedMemory::<F>::new(comptime![step_keys * staged_row(head_dim)]);
-    let mut tile_values = SharedMemory::<F>::new(comptime![step_keys * staged_row(head_dim)]);
+    // 16-byte aligned: `ldmatrix` reads rows of 16 bytes.
+    let mut tile_keys = SharedMemory::<F>::new_aligned(comptime![step_keys * staged_row(head_dim)], 16usize);
+    let mut tile_values = SharedMemory::<F>::new_aligned(comptime![step_keys * staged_row(head_dim)], 16usize);
     let mut scores = SharedMemory::<f32>::new(comptime![rows * step_keys]);
 
     let prefix_steps = tile.prefix_len.div_ceil(step_keys);
@@ -129,7 +134,8 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath>(
         let step = walk_step(&tile, step, prefix_steps, step_keys);
 
         // 1. Stage the step's keys and values.
-        stage_step::<F>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, &mut tile_keys, &mut tile_values, step_keys, head_dim);
+        let share = load_share::<F, N>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, comptime![units_per_cube_of(rows)]);
+        store_share::<F, N>(&share, &mut tile_keys, &mut tile_values, 0usize, step_keys, head_dim, keys.vector_size(), comptime![units_per_cube_of(rows)]);
         sync_cube();
 
         // 2. Scores of every row against the step's keys.

@@ -1,6 +1,6 @@
 //! What the multi-item kernels share: the tile a cube takes, where each of its rows reads and
-//! writes, the key steps it walks (the prefix's keys, then the tile's own), how a step is staged
-//! in shared memory, and which keys of a step a row may see.
+//! writes, the key steps it walks (the prefix's keys, then the tile's own), how a step is read
+//! and staged in shared memory, and which keys of a step a row may see.
 
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
@@ -87,54 +87,106 @@ pub(super) fn walk_step(tile: &Tile, step: usize, prefix_steps: usize, #[comptim
         first = (step - prefix_steps) * keys;
         available = tile.end - tile.own_start;
     }
-    let mut count = available - first;
-    if count > keys {
-        count = keys;
+    // No keys past the walk's end: the flash kernel reads one step ahead.
+    let mut count = 0;
+    if available > first {
+        count = available - first;
+        if count > keys {
+            count = keys;
+        }
     }
     Step { in_prefix, first, count }
 }
 
-/// Stages `step`'s keys and values of `kv_head` in shared memory (`[keys, head_dim]`, rows
-/// [`staged_row`] apart), every unit of the cube a share; zeros past its count, which the tile
-/// multiplies read (a weight of 0 times a stale NaN would still be NaN).
+/// A unit's share of one key step's keys and values: vectors `unit + i · units` of the step's
+/// `[keys, head_dim]` ([`load_share`]), held in registers until [`store_share`] stages them.
+/// Between the two the flash kernel computes on the previous step (FlashAttention-2's
+/// pipeline, registers in place of cp.async).
+#[derive(CubeType)]
+pub(super) struct StepShare<F: Float, N: Size> {
+    keys: Array<Vector<F, N>>,
+    values: Array<Vector<F, N>>,
+}
+
+/// Vectors of one step a unit takes.
+const fn vectors_per_unit(step_keys: usize, head_dim: usize, width: usize, units: usize) -> usize {
+    (step_keys * head_dim / width).div_ceil(units)
+}
+
+/// Reads this unit's share of `step`'s keys and values of `kv_head`, `width` elements a vector
+/// (`width` divides `head_dim`; 16 bytes on CUDA), zeros for keys past its count (the tile
+/// multiplies read them: a weight of 0 times a stale NaN would still be NaN).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn stage_step<F: Float>(
+pub(super) fn load_share<F: Float, N: Size>(
     tile: &Tile,
     step: &Step,
     kv_head: usize,
-    keys: &Tensor<F>,
-    values: &Tensor<F>,
-    prefix_keys: &Tensor<F>,
-    prefix_values: &Tensor<F>,
-    staged_keys: &mut SharedMemory<F>,
-    staged_values: &mut SharedMemory<F>,
+    keys: &Tensor<Vector<F, N>>,
+    values: &Tensor<Vector<F, N>>,
+    prefix_keys: &Tensor<Vector<F, N>>,
+    prefix_values: &Tensor<Vector<F, N>>,
     #[comptime] step_keys: usize,
     #[comptime] head_dim: usize,
-) {
+    #[comptime] units: usize,
+) -> StepShare<F, N> {
+    let width = keys.vector_size();
     let kv_heads = keys.shape(1);
     let prefix_tokens = prefix_keys.shape(1);
-    let mut index = UNIT_POS_X as usize;
-    while index < comptime![step_keys * head_dim] {
-        let key = index / head_dim;
-        let e = index % head_dim;
-        let mut k = F::new(0.0);
-        let mut v = F::new(0.0);
+    let count = comptime![vectors_per_unit(step_keys, head_dim, width, units)];
+    let mut share_keys = Array::<Vector<F, N>>::new(count);
+    let mut share_values = Array::<Vector<F, N>>::new(count);
+    #[unroll]
+    for i in 0..count {
+        let index = UNIT_POS_X as usize + i * units;
+        let key = index / comptime![head_dim / width];
+        let e = (index % comptime![head_dim / width]) * width;
+        let mut k = Vector::<F, N>::new(F::new(0.0));
+        let mut v = Vector::<F, N>::new(F::new(0.0));
+        // `key < step.count` also keeps `index` inside the step.
         if key < step.count {
-            let mut source = ((tile.own_start + step.first + key) * kv_heads + kv_head) * head_dim + e;
             if step.in_prefix {
-                source = (kv_head * prefix_tokens + tile.prefix_start + step.first + key) * head_dim + e;
+                let source = ((kv_head * prefix_tokens + tile.prefix_start + step.first + key) * head_dim + e) / width;
                 k = prefix_keys[source];
                 v = prefix_values[source];
             } else {
+                let source = (((tile.own_start + step.first + key) * kv_heads + kv_head) * head_dim + e) / width;
                 k = keys[source];
                 v = values[source];
             }
         }
-        let staged = key * comptime![staged_row(head_dim)] + e;
-        staged_keys[staged] = k;
-        staged_values[staged] = v;
-        index += CUBE_DIM_X as usize;
+        share_keys[i] = k;
+        share_values[i] = v;
+    }
+    StepShare::<F, N> { keys: share_keys, values: share_values }
+}
+
+/// Writes this unit's `share` of a step into the staged tiles (`[keys, head_dim]`, rows
+/// [`staged_row`] apart, from element `staged_at`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn store_share<F: Float, N: Size>(
+    share: &StepShare<F, N>,
+    staged_keys: &mut SharedMemory<F>,
+    staged_values: &mut SharedMemory<F>,
+    staged_at: usize,
+    #[comptime] step_keys: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] width: usize,
+    #[comptime] units: usize,
+) {
+    #[unroll]
+    for i in 0..comptime![vectors_per_unit(step_keys, head_dim, width, units)] {
+        let index = UNIT_POS_X as usize + i * units;
+        if index < comptime![step_keys * head_dim / width] {
+            let staged = staged_at + (index / comptime![head_dim / width]) * comptime![staged_row(head_dim)] + (index % comptime![head_dim / width]) * width;
+            let (k, v) = (share.keys[i], share.values[i]);
+            #[unroll]
+            for n in 0..width {
+                staged_keys[staged + n] = k[n];
+                staged_values[staged + n] = v[n];
+            }
+        }
     }
 }
 

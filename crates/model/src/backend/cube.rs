@@ -149,6 +149,10 @@ where
         };
         Tensor::from_primitive(TensorPrimitive::Float(attention.run()))
     }
+
+    fn launched(&self, head_dim: usize) -> String {
+        AttentionTiles::launched(self, head_dim, F::dtype())
+    }
 }
 
 /// Through fusion: settle the inputs, run the inner backend's kernels, hand the result back to
@@ -237,6 +241,10 @@ impl<B: FusionBackend> PlannedAttention<Fusion<B>> for SettledAttention<B> {
         let client = fusion_client(&queries);
         let prefix = PrefixKv { keys: settle(prefix.keys.clone()), values: settle(prefix.values.clone()) };
         into_fusion(self.0.run(settle(queries), settle(keys), settle(values), &prefix), &client)
+    }
+
+    fn launched(&self, head_dim: usize) -> String {
+        self.0.launched(head_dim)
     }
 }
 

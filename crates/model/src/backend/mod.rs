@@ -106,11 +106,19 @@ pub trait PlannedAttention<B: Backend> {
     /// head_dim]`, packed as planned; `prefix`: every group's prefix end to end, at the planned
     /// spans. Returns `[tokens, q_heads, head_dim]`.
     fn run(&self, queries: Tensor<B, 3>, keys: Tensor<B, 3>, values: Tensor<B, 3>, prefix: &PrefixKv<B>) -> Tensor<B, 3>;
+
+    /// What a call at `head_dim` runs, in words, for benchmarks to record (a kernel may fall back
+    /// from the route asked for where a device cannot hold its tile).
+    fn launched(&self, head_dim: usize) -> String;
 }
 
 /// The cascade, on any backend.
 impl<B: Matmul> PlannedAttention<B> for PaddedPlan<B> {
     fn run(&self, queries: Tensor<B, 3>, keys: Tensor<B, 3>, values: Tensor<B, 3>, prefix: &PrefixKv<B>) -> Tensor<B, 3> {
         attention::multi_item_attention(queries, keys, values, prefix, self)
+    }
+
+    fn launched(&self, _head_dim: usize) -> String {
+        "cascade (plain Burn ops)".into()
     }
 }

@@ -113,6 +113,10 @@ impl PlannedAttention<Cpu> for HostAttentionPlan {
         let operands = Operands { queries: &queries, keys: &keys, values: &values, prefix_keys: &prefix_keys, prefix_values: &prefix_values, prefix_tokens: prefix.len(), kv_heads, head_dim };
         tensor(HostAttentionPlan::run(self, &operands), shape, &device)
     }
+
+    fn launched(&self, _head_dim: usize) -> String {
+        "host blocks of rows".into()
+    }
 }
 
 /// An output buffer's first element, shared by the threads of a host kernel, each of which
