@@ -74,14 +74,14 @@ fn a_from_registers<F: Float>(def: MmaDefinition<F, F, f32>, registers: &Array<f
     fragment
 }
 
-/// The A fragment of the query's `k`-step `step` (its registers, packed at load).
+/// The `count` registers of `held` from `first`: one fragment of several held together (the
+/// query's `k`-steps, two `B` fragments loaded by one `ldmatrix.x4`).
 #[cube]
-fn query_step<F: Float>(def: MmaDefinition<F, F, f32>, query: &QueryPairs<F>, step: usize) -> Array<Vector<F, Pair>> {
-    let count = def.vectors_per_lane(MatrixIdent::A);
+fn fragment_at<F: Float>(held: &Array<Vector<F, Pair>>, first: usize, #[comptime] count: usize) -> Array<Vector<F, Pair>> {
     let mut fragment = Array::<Vector<F, Pair>>::new(count);
     #[unroll]
     for i in 0..count {
-        fragment[i] = query[step * count + i];
+        fragment[i] = held[first + i];
     }
     fragment
 }
@@ -119,17 +119,6 @@ fn b_from_shared<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged: &Sh
             pair[n] = staged[first + k as usize * k_stride + column as usize * n_stride];
         }
         fragment[i] = pair;
-    }
-    fragment
-}
-
-/// B fragment `which` (0 or 1) of two loaded together.
-#[cube]
-fn b_half<F: Float>(two: &Array<Vector<F, Pair>>, #[comptime] which: usize) -> Array<Vector<F, Pair>> {
-    let mut fragment = Array::<Vector<F, Pair>>::new(B_REGISTERS);
-    #[unroll]
-    for i in 0..B_REGISTERS {
-        fragment[i] = two[which * B_REGISTERS + i];
     }
     fragment
 }
@@ -259,7 +248,7 @@ fn add_times_values<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, la
                 }
                 product[i] = pair;
             }
-            def.execute_inplace(a, &b_half::<F>(&b, which), &mut product);
+            def.execute_inplace(a, &fragment_at::<F>(&b, which * B_REGISTERS, B_REGISTERS), &mut product);
             #[unroll]
             for i in 0..c_vectors {
                 #[unroll]
@@ -279,10 +268,11 @@ fn score_blocks<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, lane: 
     let mut high = zeros::<F>(def);
     #[unroll]
     for step in 0..comptime![head_dim / 16] {
-        let a = query_step::<F>(def, query, step);
+        let a_registers = def.vectors_per_lane(MatrixIdent::A);
+        let a = fragment_at::<F>(query, step * a_registers, a_registers);
         let b = L::keys::<F>(def, lane, staged_keys, first + step * 16, head_dim);
-        def.execute_inplace(&a, &b_half::<F>(&b, 0usize), &mut low);
-        def.execute_inplace(&a, &b_half::<F>(&b, 1usize), &mut high);
+        def.execute_inplace(&a, &fragment_at::<F>(&b, 0usize, B_REGISTERS), &mut low);
+        def.execute_inplace(&a, &fragment_at::<F>(&b, B_REGISTERS, B_REGISTERS), &mut high);
     }
     let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
     let mut both = Array::<Vector<f32, Pair>>::new(comptime![2 * c_vectors]);
