@@ -40,6 +40,36 @@ fn attention_in_f16_accumulates_in_f32() {
     }
 }
 
+/// Both ways the tensor-core tiles read key and value `B` fragments (`ldmatrix`, and one read
+/// per element where CubeCL's `position_of_nth` says) give every lane the elements PTX's
+/// m16n8k16 layout puts there: keysᵀ (k = dimension, n = key) and values (k = key, n =
+/// dimension), lane `l` (`g = l / 4`, `t = l % 4`) holding k = 2t, 2t + 1, 2t + 8, 2t + 9 at
+/// n = g in one fragment and at n = g + 8 in the next. If only `ldmatrix` fails, its lane
+/// addressing is wrong; if both do, CubeCL's layout moved (see `mma_fragment_layout_is_ptxs`).
+#[cfg(feature = "cuda")]
+fn tensor_core_fragment_loads_are_ptxs() {
+    use burn::tensor::TensorPrimitive;
+    // Element (key, dimension) of the tile is 64 · key + dimension: exact in f16.
+    let value = |key: u32, dim: u32| (64 * key + dim) as f32;
+    let tile: Vec<f32> = (0..16 * 16).map(|i| value(i / 16, i % 16)).collect();
+    let mut expected = Vec::new();
+    for lane in 0..32u32 {
+        let (g, t) = (lane / 4, lane % 4);
+        let ks = [2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9];
+        expected.extend([g, g + 8].iter().flat_map(|&key| ks.map(|dim| value(key, dim))));
+        expected.extend([g, g + 8].iter().flat_map(|&dim| ks.map(|key| value(key, dim))));
+    }
+    for loads in [FragmentLoads::Ldmatrix, FragmentLoads::Elements] {
+        let staged = tensor::<Gpu<half::f16>, 2>(&tile, [16, 16]).into_primitive().tensor();
+        let read = burn::tensor::Tensor::<Gpu<half::f16>, 1>::from_primitive(TensorPrimitive::Float(tally_shaders::fragment_loads(staged, loads)));
+        assert_eq!(kernel_cases::host(read), expected, "{loads:?}: per lane, the keys' two fragments, then the values' two");
+    }
+}
+
 fn main() {
-    gpu::run(gpu::named![attention_in_f16_accumulates_in_f32])
+    #[allow(unused_mut)] // more tests on CUDA
+    let mut tests = gpu::named![attention_in_f16_accumulates_in_f32];
+    #[cfg(feature = "cuda")]
+    tests.extend(gpu::named![tensor_core_fragment_loads_are_ptxs]);
+    gpu::run(tests)
 }

@@ -15,14 +15,20 @@
 
 use std::marker::PhantomData;
 
+use burn_backend::{Shape, TensorMetadata};
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::cmma::MmaDefinition;
 use burn_cubecl::cubecl::ir::MatrixIdent;
 use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeRuntime;
 
 use super::flash::{FragmentMath, BLOCK_ELEMENTS};
 use super::tiled::{plane_and_lane, QueryPairs, TileMath, KEY_BLOCK, NO_ROW};
 use super::walk::staged_row;
+use super::FragmentLoads;
 
 /// `(m, n, k)` of one multiply.
 pub const MMA_SHAPE: (u32, u32, u32) = (16, 8, 16);
@@ -429,4 +435,50 @@ impl<L: FragmentLoad> FragmentMath for MmaFragments<L> {
         let pair = value + plane_shuffle_xor(value, 1u32);
         pair + plane_shuffle_xor(pair, 2u32)
     }
+}
+
+/// Keys: 16 staged rows. Dimensions: one `k`-step of the scores.
+const PROBE_KEYS: usize = 16;
+const PROBE_DIM: usize = 16;
+
+/// One plane stages `tile` (`[16 keys, 16 dimensions]`, row-major) as the tile kernels do and
+/// writes what each lane's `L` reads: the keys' two `B` fragments (8 values), then the values'
+/// two (8 values), 16 a lane.
+#[cube(launch)]
+fn fragment_load_probe<F: Float, L: FragmentLoad>(tile: &Tensor<F>, out: &mut Tensor<F>, #[define(F)] _dtype: StorageType) {
+    let def = definition::<F>();
+    let lane = UNIT_POS_X;
+    let mut staged = SharedMemory::<F>::new_aligned(comptime![PROBE_KEYS * staged_row(PROBE_DIM)], 16usize);
+    for index in 0..PROBE_DIM / 2 {
+        let element = lane as usize * (PROBE_DIM / 2) + index;
+        staged[(element / PROBE_DIM) * comptime![staged_row(PROBE_DIM)] + element % PROBE_DIM] = tile[element];
+    }
+    sync_cube();
+    let keys = L::keys::<F>(def, lane, &staged, 0usize, PROBE_DIM);
+    let values = L::values::<F>(def, lane, &staged, 0usize, PROBE_DIM);
+    #[unroll]
+    for i in 0..comptime![2 * B_REGISTERS] {
+        #[unroll]
+        for n in 0..PAIR {
+            out[lane as usize * 16 + i * PAIR + n] = keys[i][n];
+            out[lane as usize * 16 + 8 + i * PAIR + n] = values[i][n];
+        }
+    }
+}
+
+/// What each of a plane's 32 lanes reads with `loads` as the key and value `B` fragments of a
+/// staged tile (`tile`: `[16 keys, 16 dimensions]`, contiguous, bf16 or f16): per lane the
+/// keys' two fragments, then the values' two, 16 values — for the kernel tests on CUDA to hold
+/// against PTX's m16n8k16 `B` layout (tensor cores only: `mma.sync`'s definition).
+pub fn fragment_loads<R: CubeRuntime>(tile: CubeTensor<R>, loads: FragmentLoads) -> CubeTensor<R> {
+    assert_eq!(tile.shape().dims::<2>(), [PROBE_KEYS, PROBE_DIM], "a tile of 16 keys x 16 dimensions");
+    let tile = into_contiguous(tile);
+    let out = empty_device_contiguous_dtype(tile.client.clone(), tile.device.clone(), Shape::new([32 * 16]), tile.dtype);
+    let (client, dtype) = (tile.client.clone(), tile.dtype);
+    let (count, dim) = (CubeCount::Static(1, 1, 1), CubeDim::new_1d(32));
+    match loads {
+        FragmentLoads::Ldmatrix => fragment_load_probe::launch::<Ldmatrix, R>(&client, count, dim, tile.into_tensor_arg(), out.clone().into_tensor_arg(), dtype.into()),
+        FragmentLoads::Elements => fragment_load_probe::launch::<ElementLoads, R>(&client, count, dim, tile.into_tensor_arg(), out.clone().into_tensor_arg(), dtype.into()),
+    }
+    out
 }

@@ -33,7 +33,7 @@ mod rows;
 mod tiled;
 mod walk;
 
-pub use mma_tile::MMA_SHAPE;
+pub use mma_tile::{fragment_loads, MMA_SHAPE};
 
 /// Below any real score, and finite: WGSL cannot spell −∞.
 const NO_SCORE: f32 = -1.0e30;
