@@ -1,7 +1,8 @@
 //! `tally bench chart`: one PNG of a results folder, for people who would rather look than read.
 //! Top: items/s per scenario, tally's runs beside the PyTorch peers measured in the same run,
-//! with the goal marked. Bottom: `bench load`'s P99 latency against the items/s it sustained,
-//! with the 500 ms bar.
+//! with the goal marked. Middle: one layer's multi-item attention per route and tile variant
+//! (`bench attention`), with the goal marked. Bottom: `bench load`'s P99 latency against the
+//! items/s it sustained, with the 500 ms bar.
 
 use std::path::{Path, PathBuf};
 use std::sync::Once;
@@ -32,6 +33,13 @@ pub struct Bar {
     pub peer: bool,
 }
 
+/// One layer's attention on one route (`bench attention`): what ran and how long it took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionBar {
+    pub label: String,
+    pub ms: f64,
+}
+
 /// One `bench load` run: the rate it sustained and its tail latency.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoadPoint {
@@ -43,6 +51,8 @@ pub struct LoadPoint {
 #[derive(Debug, Default)]
 pub struct Results {
     pub bars: Vec<Bar>,
+    /// Fastest first; a route run alike in several files (the row kernel, the cascade) once.
+    pub attention: Vec<AttentionBar>,
     pub load: Vec<LoadPoint>,
     /// The device line of the first result that names one.
     pub device: Option<String>,
@@ -50,13 +60,15 @@ pub struct Results {
 
 /// The issue's goals (H100, Qwen3-0.6B shape, bf16), drawn as lines.
 const SCENARIO_GOALS: [(&str, f64); 2] = [("s1", 10_000.0), ("s2", 15_000.0)];
+/// One layer's attention at S1's shape (issue: ≤ 0.9 ms, ≥ 200 TFLOP/s useful).
+const ATTENTION_GOAL_MS: f64 = 0.9;
 const LOAD_P99_BAR_MS: f64 = 500.0;
 
 pub fn run(args: ChartArgs) -> Result<()> {
     let results = Results::read(&args.results)?;
     let out = args.out.unwrap_or_else(|| args.results.join("chart.png"));
     draw(&results, &out)?;
-    println!("wrote {} ({} bars, {} load points)", out.display(), results.bars.len(), results.load.len());
+    println!("wrote {} ({} bars, {} attention bars, {} load points)", out.display(), results.bars.len(), results.attention.len(), results.load.len());
     Ok(())
 }
 
@@ -76,6 +88,7 @@ impl Results {
             results.add(&value);
         }
         results.load.sort_by(|a, b| a.items_per_second.total_cmp(&b.items_per_second));
+        results.attention.sort_by(|a, b| a.ms.total_cmp(&b.ms));
         Ok(results)
     }
 
@@ -92,6 +105,21 @@ impl Results {
                     let elementwise = if text("elementwise") == "kernels" { " ew-kernels" } else { "" };
                     let label = format!("tally {} {} {}{cublas}{elementwise}", text("backend"), short_dtype(&text("dtype")), text("attention"));
                     self.bars.push(Bar { scenario: text("scenario"), label: label.trim_end().to_owned(), items_per_second: rate, peer: false });
+                }
+            }
+            Some("multi-item attention, one layer") => {
+                // The tile routes carry their tile's size; what launched says the rest (loads,
+                // stages). A route the same in several files (the row kernel and the cascade in
+                // every file of a dtype) is drawn once.
+                let size = text("tile").split(',').next().unwrap_or_default().to_owned();
+                for (route, key) in [("kernel", "multi_item_ms"), ("tiled", "tiled_ms"), ("flash", "flash_ms"), ("cascade", "cascade_ms")] {
+                    let Some(ms) = result[key].as_f64() else { continue };
+                    let launched = result["launched"][route].as_str().unwrap_or(route);
+                    let tile = if matches!(route, "tiled" | "flash") { format!(" {size}") } else { String::new() };
+                    let label = format!("{route} {}{tile}: {launched}", short_dtype(&text("dtype")));
+                    if !self.attention.iter().any(|bar| bar.label == label) {
+                        self.attention.push(AttentionBar { label, ms });
+                    }
                 }
             }
             Some("load") => {
@@ -143,23 +171,43 @@ fn register_font() {
 const WIDTH: u32 = 1400;
 const BAR_ROW_PX: u32 = 34;
 const LOAD_PANEL_PX: u32 = 420;
+/// Room for the attention panel's title and axis, and for its message when it has no bars.
+const ATTENTION_FRAME_PX: u32 = 110;
+const NO_PANEL_PX: u32 = 60;
 const TALLY: RGBColor = RGBColor(52, 101, 164);
 const PEER: RGBColor = RGBColor(160, 160, 160);
 const GOAL: RGBColor = RGBColor(204, 0, 0);
 
-/// Draws the scenario panels side by side on top and the load panel under them.
+/// The chart's height: the scenario panels, the attention panel and the load panel.
+fn height(results: &Results) -> u32 {
+    let (bars_px, attention_px, load_px) = panel_heights(results);
+    50 + bars_px + attention_px + load_px
+}
+
+/// Rows of every scenario panel: as many as the fullest one has, so bars are the same height in all.
+fn scenario_rows(results: &Results) -> usize {
+    results.by_scenario().iter().map(|(_, bars)| bars.len()).max().unwrap_or(0).max(1)
+}
+
+fn panel_heights(results: &Results) -> (u32, u32, u32) {
+    let rows = scenario_rows(results);
+    let attention_px = if results.attention.is_empty() { NO_PANEL_PX } else { ATTENTION_FRAME_PX + BAR_ROW_PX * results.attention.len() as u32 };
+    let load_px = if results.load.is_empty() { NO_PANEL_PX } else { LOAD_PANEL_PX };
+    (110 + BAR_ROW_PX * rows as u32, attention_px, load_px)
+}
+
+/// Draws the scenario panels side by side on top, the attention panel and the load panel under them.
 pub fn draw(results: &Results, out: &Path) -> Result<()> {
     register_font();
     let scenarios = results.by_scenario();
-    // Every panel gets as many rows as the fullest one, so bars are the same height in all.
-    let rows = scenarios.iter().map(|(_, bars)| bars.len()).max().unwrap_or(0).max(1);
-    let bars_px = 110 + BAR_ROW_PX * rows as u32;
-    let load_px = if results.load.is_empty() { 60 } else { LOAD_PANEL_PX };
-    let root = BitMapBackend::new(out, (WIDTH, 50 + bars_px + load_px)).into_drawing_area();
+    let rows = scenario_rows(results);
+    let (bars_px, attention_px, _) = panel_heights(results);
+    let root = BitMapBackend::new(out, (WIDTH, height(results))).into_drawing_area();
     root.fill(&WHITE)?;
     let device = results.device.as_deref().unwrap_or("device not recorded");
     let root = root.titled(&format!("tally — {device}"), ("sans-serif", 26))?;
-    let (top, bottom) = root.split_vertically(bars_px);
+    let (top, rest) = root.split_vertically(bars_px);
+    let (middle, bottom) = rest.split_vertically(attention_px);
     if scenarios.is_empty() {
         top.draw_text("no scenario or peer results", &("sans-serif", 18).into_text_style(&top), (40, 40))?;
     } else {
@@ -168,6 +216,7 @@ pub fn draw(results: &Results, out: &Path) -> Result<()> {
             draw_scenario(area, scenario, bars, rows, goal)?;
         }
     }
+    draw_attention(&middle, &results.attention)?;
     draw_load(&bottom, &results.load)?;
     root.present().with_context(|| format!("cannot write {}", out.display()))?;
     Ok(())
@@ -213,6 +262,41 @@ fn draw_scenario(area: &Area, scenario: &str, bars: &[&Bar], rows: usize, goal: 
         let label = ("sans-serif", 14).into_font().color(&GOAL).pos(Pos::new(HPos::Left, VPos::Top));
         chart.draw_series(std::iter::once(Text::new(format!("goal {} (H100)", count_label(&goal)), (goal * 1.08, rows), label)))?;
     }
+    Ok(())
+}
+
+/// 0.5 → "0.5", 14.9 → "15", 120 → "120".
+fn ms_label(value: &f64) -> String {
+    if *value < 10.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.0}")
+    }
+}
+
+/// One layer's attention per route, fastest on top, on a log axis of ms; the goal as a line.
+fn draw_attention(area: &Area, bars: &[AttentionBar]) -> Result<()> {
+    if bars.is_empty() {
+        area.draw_text("no attention results", &("sans-serif", 18).into_text_style(area), (40, 20))?;
+        return Ok(());
+    }
+    let lowest = bars.iter().map(|b| b.ms).chain([ATTENTION_GOAL_MS]).fold(f64::INFINITY, f64::min);
+    let highest = bars.iter().map(|b| b.ms).fold(0.0, f64::max);
+    let (left, right) = (10f64.powf((lowest / 4.0).log10().floor()), 10f64.powf((highest * 3.0).log10().ceil()));
+    let rows = bars.len() as f64;
+    let mut chart = ChartBuilder::on(area)
+        .caption("one layer's multi-item attention, ms (log scale): route, dtype, tile: what launched", ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(30)
+        .build_cartesian_2d((left..right).log_scale(), 0.0..rows)?;
+    chart.configure_mesh().disable_y_mesh().disable_y_axis().x_label_formatter(&ms_label).draw()?;
+    let row_of = |i: usize| rows - 1.0 - i as f64;
+    chart.draw_series(bars.iter().enumerate().map(|(i, bar)| Rectangle::new([(left, row_of(i) + 0.12), (bar.ms, row_of(i) + 0.88)], TALLY.mix(0.55).filled())))?;
+    let text = ("sans-serif", 15).into_font().color(&BLACK).pos(Pos::new(HPos::Left, VPos::Center));
+    chart.draw_series(bars.iter().enumerate().map(|(i, bar)| Text::new(format!("{}  {} ms", bar.label, ms_label(&bar.ms)), (left * 1.15, row_of(i) + 0.5), text.clone())))?;
+    chart.draw_series(std::iter::once(PathElement::new(vec![(ATTENTION_GOAL_MS, 0.0), (ATTENTION_GOAL_MS, rows)], GOAL.stroke_width(2))))?;
+    let label = ("sans-serif", 14).into_font().color(&GOAL).pos(Pos::new(HPos::Left, VPos::Top));
+    chart.draw_series(std::iter::once(Text::new(format!("goal {ATTENTION_GOAL_MS} ms (H100, bf16, S1's shape)"), (ATTENTION_GOAL_MS * 1.08, rows), label)))?;
     Ok(())
 }
 
@@ -262,7 +346,8 @@ mod tests {
             ("peers-s1.json", json!({"benchmark": "PyTorch peers (HF transformers, SDPA)", "scenario": "s1", "dtype": "bfloat16", "peers": {"packed_mask": {"items_per_second": 2410.0}, "padded": {"items_per_second": 82.0}}})),
             ("load-qps300.json", json!({"benchmark": "load", "items_per_second": 3000.0, "latency_ms": {"p50": 90.0, "p99": 400.0}})),
             ("load-qps100.json", json!({"benchmark": "load", "items_per_second": 1000.0, "latency_ms": {"p50": 50.0, "p99": 120.0}})),
-            ("attention.json", json!({"benchmark": "multi-item attention, one layer", "multi_item_ms": 14.9})),
+            ("attention.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "64x16, 2 stages, ldmatrix", "multi_item_ms": 14.9, "flash_ms": 0.8, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
+            ("attention-tile.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "128x32, 2 stages, ldmatrix", "multi_item_ms": 14.9, "flash_ms": 0.6, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
         ])
     }
 
@@ -276,7 +361,14 @@ mod tests {
         assert_eq!(bar("tally cpu f32 cascade").items_per_second, 30.0);
         assert!(bar("PyTorch packed mask bf16").peer);
         assert_eq!(bar("PyTorch padded bf16").items_per_second, 82.0);
-        assert_eq!(results.bars.len(), 4, "the attention result draws no bar");
+        assert_eq!(results.bars.len(), 4, "attention results are not scenario bars");
+        // The row kernel's time, the same in both files, once; each flash tile its own; fastest first.
+        let attention: Vec<(&str, f64)> = results.attention.iter().map(|bar| (bar.label.as_str(), bar.ms)).collect();
+        assert_eq!(attention, [
+            ("flash bf16 128x32: flash, tensor cores, ldmatrix, 2 stages", 0.6),
+            ("flash bf16 64x16: flash, tensor cores, ldmatrix, 2 stages", 0.8),
+            ("kernel bf16: kernel", 14.9),
+        ]);
         assert_eq!(results.load, vec![LoadPoint { items_per_second: 1000.0, p99_ms: 120.0 }, LoadPoint { items_per_second: 3000.0, p99_ms: 400.0 }]);
         let scenarios: Vec<(&str, usize)> = results.by_scenario().into_iter().map(|(name, bars)| (name, bars.len())).collect();
         assert_eq!(scenarios, [("s1", 3), ("s2", 1)]);
@@ -290,7 +382,7 @@ mod tests {
         let png = std::fs::read(&out).unwrap();
         assert_eq!(&png[1..4], b"PNG");
         let (width, height) = (u32::from_be_bytes(png[16..20].try_into().unwrap()), u32::from_be_bytes(png[20..24].try_into().unwrap()));
-        assert_eq!((width, height), (WIDTH, 50 + 110 + 3 * BAR_ROW_PX + LOAD_PANEL_PX), "S1 has three bars, and there are load results");
+        assert_eq!((width, height), (WIDTH, 50 + 110 + 3 * BAR_ROW_PX + ATTENTION_FRAME_PX + 3 * BAR_ROW_PX + LOAD_PANEL_PX), "S1 has three bars, attention three, and there are load results");
     }
 
     #[test]
