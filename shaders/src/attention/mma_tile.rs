@@ -179,7 +179,7 @@ impl FragmentLoad for ElementLoads {
         let row = comptime![staged_row(head_dim)];
         let low = b_from_shared::<F>(def, lane, staged_keys, first, 1usize, row);
         let high = b_from_shared::<F>(def, lane, staged_keys, first + 8 * row, 1usize, row);
-        join::<F>(&low, &high)
+        join::<F>(&low, &high, B_REGISTERS)
     }
 
     fn values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_values: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
@@ -187,18 +187,19 @@ impl FragmentLoad for ElementLoads {
         let row = comptime![staged_row(head_dim)];
         let low = b_from_shared::<F>(def, lane, staged_values, first, row, 1usize);
         let high = b_from_shared::<F>(def, lane, staged_values, first + 8, row, 1usize);
-        join::<F>(&low, &high)
+        join::<F>(&low, &high, B_REGISTERS)
     }
 }
 
-/// Two B fragments as one array, as `ldmatrix.x4` gives them.
+/// Two fragments of `count` registers each as one array (two `B` fragments as `ldmatrix.x4`
+/// gives them; two accumulator blocks).
 #[cube]
-fn join<F: Float>(first: &Array<Vector<F, Pair>>, second: &Array<Vector<F, Pair>>) -> Array<Vector<F, Pair>> {
-    let mut both = Array::<Vector<F, Pair>>::new(comptime![2 * B_REGISTERS]);
+fn join<E: Scalar>(first: &Array<Vector<E, Pair>>, second: &Array<Vector<E, Pair>>, #[comptime] count: usize) -> Array<Vector<E, Pair>> {
+    let mut both = Array::<Vector<E, Pair>>::new(comptime![2 * count]);
     #[unroll]
-    for i in 0..B_REGISTERS {
+    for i in 0..count {
         both[i] = first[i];
-        both[B_REGISTERS + i] = second[i];
+        both[count + i] = second[i];
     }
     both
 }
@@ -280,14 +281,7 @@ fn score_blocks<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, lane: 
         def.execute_inplace(&a, &fragment_at::<F>(&b, 0usize, B_REGISTERS), &mut low);
         def.execute_inplace(&a, &fragment_at::<F>(&b, B_REGISTERS, B_REGISTERS), &mut high);
     }
-    let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
-    let mut both = Array::<Vector<f32, Pair>>::new(comptime![2 * c_vectors]);
-    #[unroll]
-    for i in 0..c_vectors {
-        both[i] = low[i];
-        both[c_vectors + i] = high[i];
-    }
-    both
+    join::<f32>(&low, &high, def.vectors_per_lane(MatrixIdent::Accumulator))
 }
 
 #[cube]
