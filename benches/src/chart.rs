@@ -178,17 +178,12 @@ const TALLY: RGBColor = RGBColor(52, 101, 164);
 const PEER: RGBColor = RGBColor(160, 160, 160);
 const GOAL: RGBColor = RGBColor(204, 0, 0);
 
-/// The chart's height: the scenario panels, the attention panel and the load panel.
-fn height(results: &Results) -> u32 {
-    let (bars_px, attention_px, load_px) = panel_heights(results);
-    50 + bars_px + attention_px + load_px
-}
-
 /// Rows of every scenario panel: as many as the fullest one has, so bars are the same height in all.
 fn scenario_rows(results: &Results) -> usize {
     results.by_scenario().iter().map(|(_, bars)| bars.len()).max().unwrap_or(0).max(1)
 }
 
+/// Heights of the scenario panels, the attention panel and the load panel.
 fn panel_heights(results: &Results) -> (u32, u32, u32) {
     let rows = scenario_rows(results);
     let attention_px = if results.attention.is_empty() { NO_PANEL_PX } else { ATTENTION_FRAME_PX + BAR_ROW_PX * results.attention.len() as u32 };
@@ -201,8 +196,8 @@ pub fn draw(results: &Results, out: &Path) -> Result<()> {
     register_font();
     let scenarios = results.by_scenario();
     let rows = scenario_rows(results);
-    let (bars_px, attention_px, _) = panel_heights(results);
-    let root = BitMapBackend::new(out, (WIDTH, height(results))).into_drawing_area();
+    let (bars_px, attention_px, load_px) = panel_heights(results);
+    let root = BitMapBackend::new(out, (WIDTH, 50 + bars_px + attention_px + load_px)).into_drawing_area();
     root.fill(&WHITE)?;
     let device = results.device.as_deref().unwrap_or("device not recorded");
     let root = root.titled(&format!("tally — {device}"), ("sans-serif", 26))?;

@@ -46,7 +46,7 @@ impl Default for TileShape {
 /// `ROWSxKEYS, STAGES stages, LOADS`, as the results spell it.
 impl std::fmt::Display for TileShape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}x{}, {} stage{}, {}", self.rows, self.keys, self.stages, if self.stages == 1 { "" } else { "s" }, self.loads.name())
+        write!(f, "{}x{}, {}, {}", self.rows, self.keys, self.stages_text(), self.loads.name())
     }
 }
 
@@ -68,6 +68,11 @@ impl TileShape {
     /// [`Self::STAGES`].
     pub fn with_stages(self, stages: usize) -> Option<Self> {
         Self::STAGES.contains(&stages).then_some(TileShape { stages, ..self })
+    }
+
+    /// `1 stage`, `2 stages`, as the results spell it.
+    pub fn stages_text(self) -> String {
+        format!("{} stage{}", self.stages, if self.stages == 1 { "" } else { "s" })
     }
 
     /// This shape with its fragments read by `loads`.

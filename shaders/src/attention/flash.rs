@@ -106,7 +106,6 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size>(
     let q_heads = keys.shape(1) * group;
     let unit = UNIT_POS_X as usize;
     let units = comptime![units_per_cube_of(rows)];
-    let width = keys.vector_size();
 
     // Where the cube's rows read and write, for the query and output fragments.
     let mut row_offsets = SharedMemory::<u32>::new(rows);
@@ -147,7 +146,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size>(
         for s in 0..steps {
             let step = walk_step(&tile, s, prefix_steps, step_keys);
             let share = load_share::<F, N>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
-            store_share::<F, N>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, width, units);
+            store_share::<F, N>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
             sync_cube();
             flash_step::<F, T>(&tile, &step, &query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, 0usize, scale, head_dim, step_keys, rows);
             sync_cube();
@@ -158,13 +157,13 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size>(
         // the walk's end has no keys.
         let first = walk_step(&tile, 0, prefix_steps, step_keys);
         let share = load_share::<F, N>(&tile, &first, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
-        store_share::<F, N>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, width, units);
+        store_share::<F, N>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
         sync_cube();
         for s in 0..steps {
             let step = walk_step(&tile, s, prefix_steps, step_keys);
             let ahead = load_share::<F, N>(&tile, &walk_step(&tile, s + 1, prefix_steps, step_keys), kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
             flash_step::<F, T>(&tile, &step, &query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows);
-            store_share::<F, N>(&ahead, &mut staged_keys, &mut staged_values, ((s + 1) % 2) * buffer, step_keys, head_dim, width, units);
+            store_share::<F, N>(&ahead, &mut staged_keys, &mut staged_values, ((s + 1) % 2) * buffer, step_keys, head_dim, units);
             sync_cube();
         }
     }

@@ -62,22 +62,34 @@ fn zeros<F: Float>(def: MmaDefinition<F, F, f32>) -> Array<Vector<f32, Pair>> {
     fragment
 }
 
-/// An A fragment (16 rows × 16) from this lane's own f32 registers, `registers[first..]` in
-/// fragment order.
+/// A fragment of `count` registers from this lane's own f32 values `values[first..]`, in
+/// fragment order, as pairs of `E` (an `A` fragment of weights; an accumulator).
 #[cube]
-fn a_from_registers<F: Float>(def: MmaDefinition<F, F, f32>, registers: &Array<f32>, first: usize) -> Array<Vector<F, Pair>> {
-    let count = def.vectors_per_lane(MatrixIdent::A);
-    let mut fragment = Array::<Vector<F, Pair>>::new(count);
+fn pairs_of<E: Float>(values: &Array<f32>, first: usize, #[comptime] count: usize) -> Array<Vector<E, Pair>> {
+    let mut fragment = Array::<Vector<E, Pair>>::new(count);
     #[unroll]
     for i in 0..count {
         let mut pair = Vector::empty();
         #[unroll]
         for n in 0..PAIR {
-            pair[n] = F::cast_from(registers[first + i * PAIR + n]);
+            pair[n] = E::cast_from(values[first + i * PAIR + n]);
         }
         fragment[i] = pair;
     }
     fragment
+}
+
+/// Writes a fragment of `count` f32 registers back into this lane's values from `first`, in
+/// fragment order: the inverse of [`pairs_of`].
+#[cube]
+fn store_pairs(fragment: &Array<Vector<f32, Pair>>, values: &mut Array<f32>, first: usize, #[comptime] count: usize) {
+    #[unroll]
+    for i in 0..count {
+        #[unroll]
+        for n in 0..PAIR {
+            values[first + i * PAIR + n] = fragment[i][n];
+        }
+    }
 }
 
 /// The `count` registers of `held` from `first`: one fragment of several held together (the
@@ -245,24 +257,9 @@ fn add_times_values<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, la
         #[unroll]
         for which in 0..2usize {
             let block = 2 * blocks + which;
-            let mut product = Array::<Vector<f32, Pair>>::new(c_vectors);
-            #[unroll]
-            for i in 0..c_vectors {
-                let mut pair = Vector::empty();
-                #[unroll]
-                for n in 0..PAIR {
-                    pair[n] = output[block * per_block + i * PAIR + n];
-                }
-                product[i] = pair;
-            }
+            let mut product = pairs_of::<f32>(output, block * per_block, c_vectors);
             def.execute_inplace(a, &fragment_at::<F>(&b, which * B_REGISTERS, B_REGISTERS), &mut product);
-            #[unroll]
-            for i in 0..c_vectors {
-                #[unroll]
-                for n in 0..PAIR {
-                    output[block * per_block + i * PAIR + n] = product[i][n];
-                }
-            }
+            store_pairs(&product, output, block * per_block, c_vectors);
         }
     }
 }
@@ -389,13 +386,7 @@ impl<L: FragmentLoad> FragmentMath for MmaFragments<L> {
         for blocks in 0..comptime![keys / 16] {
             // Two blocks of 8 keys, in fragment order: `2 · BLOCK_ELEMENTS` elements.
             let product = score_blocks::<F, L>(def, lane, query, staged_keys, staged_at + blocks * comptime![16 * staged_row(head_dim)], head_dim);
-            #[unroll]
-            for i in 0..comptime![2 * c_vectors] {
-                #[unroll]
-                for n in 0..PAIR {
-                    scores[blocks * 2 * BLOCK_ELEMENTS + i * PAIR + n] = product[i][n];
-                }
-            }
+            store_pairs(&product, &mut scores, blocks * 2 * BLOCK_ELEMENTS, comptime![2 * c_vectors]);
         }
         scores
     }
@@ -407,7 +398,7 @@ impl<L: FragmentLoad> FragmentMath for MmaFragments<L> {
         let per_step = def.elems_per_lane(MatrixIdent::A);
         #[unroll]
         for step in 0..comptime![keys / KEY_BLOCK] {
-            let a = a_from_registers::<F>(def, weights, step * per_step);
+            let a = pairs_of::<F>(weights, step * per_step, def.vectors_per_lane(MatrixIdent::A));
             add_times_values::<F, L>(def, lane, output, &a, staged_values, staged_at + step * comptime![KEY_BLOCK * staged_row(head_dim)], head_dim);
         }
     }

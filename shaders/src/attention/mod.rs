@@ -176,7 +176,7 @@ impl<R: CubeRuntime> AttentionTiles<R> {
             TileMath::Mma => launched.push_str(&format!(", tensor cores, {}", shape.loads.name())),
         }
         if tile_loop == TileLoop::Flash {
-            launched.push_str(&format!(", {} stage{}", shape.stages, if shape.stages == 1 { "" } else { "s" }));
+            launched.push_str(&format!(", {}", shape.stages_text()));
         }
         launched
     }

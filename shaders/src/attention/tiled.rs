@@ -135,7 +135,7 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath, N: Size>(
 
         // 1. Stage the step's keys and values.
         let share = load_share::<F, N>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, comptime![units_per_cube_of(rows)]);
-        store_share::<F, N>(&share, &mut tile_keys, &mut tile_values, 0usize, step_keys, head_dim, keys.vector_size(), comptime![units_per_cube_of(rows)]);
+        store_share::<F, N>(&share, &mut tile_keys, &mut tile_values, 0usize, step_keys, head_dim, comptime![units_per_cube_of(rows)]);
         sync_cube();
 
         // 2. Scores of every row against the step's keys.

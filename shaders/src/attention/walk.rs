@@ -113,8 +113,8 @@ const fn vectors_per_unit(step_keys: usize, head_dim: usize, width: usize, units
     (step_keys * head_dim / width).div_ceil(units)
 }
 
-/// Reads this unit's share of `step`'s keys and values of `kv_head`, `width` elements a vector
-/// (`width` divides `head_dim`; 16 bytes on CUDA), zeros for keys past its count (the tile
+/// Reads this unit's share of `step`'s keys and values of `kv_head`, `N` elements a vector
+/// (`N` divides `head_dim`; 16 bytes on CUDA), zeros for keys past its count (the tile
 /// multiplies read them: a weight of 0 times a stale NaN would still be NaN).
 #[cube]
 #[allow(clippy::too_many_arguments)]
@@ -130,7 +130,7 @@ pub(super) fn load_share<F: Float, N: Size>(
     #[comptime] head_dim: usize,
     #[comptime] units: usize,
 ) -> StepShare<F, N> {
-    let width = keys.vector_size();
+    let width = N::value();
     let kv_heads = keys.shape(1);
     let prefix_tokens = prefix_keys.shape(1);
     let count = comptime![vectors_per_unit(step_keys, head_dim, width, units)];
@@ -164,7 +164,6 @@ pub(super) fn load_share<F: Float, N: Size>(
 /// Writes this unit's `share` of a step into the staged tiles (`[keys, head_dim]`, rows
 /// [`staged_row`] apart, from element `staged_at`).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub(super) fn store_share<F: Float, N: Size>(
     share: &StepShare<F, N>,
     staged_keys: &mut SharedMemory<F>,
@@ -172,9 +171,9 @@ pub(super) fn store_share<F: Float, N: Size>(
     staged_at: usize,
     #[comptime] step_keys: usize,
     #[comptime] head_dim: usize,
-    #[comptime] width: usize,
     #[comptime] units: usize,
 ) {
+    let width = N::value();
     #[unroll]
     for i in 0..comptime![vectors_per_unit(step_keys, head_dim, width, units)] {
         let index = UNIT_POS_X as usize + i * units;
