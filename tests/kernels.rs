@@ -110,6 +110,22 @@ fn attention_head_sizes_off_the_flash_kernels_blocks() {
     }
 }
 
+fn attention_staging_past_one_vector_a_unit() {
+    // The tile kernels stage K/V a vector (4 floats here) a unit at a time: at head_dim 24 a
+    // 16-key step is 96 vectors for a 64-row cube's 128 units (just under one each), a 32-key
+    // step 192 (one each and half a second round), at both stage counts.
+    let case = Case { groups: vec![(70, vec![16, 17, 33, 1]), (31, vec![5])], q_heads: 4, kv_heads: 2, head_dim: 24 };
+    let expected = case.expected(41);
+    for keys in [16, 32] {
+        let shape = TileShape::new(64, keys).expect("a built shape");
+        let one_stage = shape.with_stages(1).expect("a built shape");
+        for (kernel, launched) in [(AttentionKernel::Tiled(shape), "tiled, registers"), (AttentionKernel::Flash(shape), "flash, registers, 2 stages"), (AttentionKernel::Flash(one_stage), "flash, registers, 1 stage")] {
+            assert_eq!(case.launched::<f32>(kernel), launched, "{kernel:?}, {}", case.name());
+            assert_close(&case.kernel::<f32>(41, kernel), &expected, 1e-4, &format!("{kernel:?}, {}", case.name()));
+        }
+    }
+}
+
 fn attention_every_tile_shape() {
     // Items across every tile size's edges (16/17, 31/33, 64/65, 130), two prefixes.
     let case = Case { groups: vec![(40, vec![16, 17, 33, 1, 64, 65, 130]), (1, vec![31, 2])], q_heads: 4, kv_heads: 2, head_dim: 32 };
@@ -692,6 +708,7 @@ fn main() {
         attention_tiles_mix_whole_items_and_pieces_of_long_ones,
         attention_just_under_at_and_past_the_tiled_kernels_tiles,
         attention_head_sizes_off_the_flash_kernels_blocks,
+        attention_staging_past_one_vector_a_unit,
         attention_every_tile_shape,
         attention_through_the_fusion_backend_matches,
         add_rms_norm_matches_float64,
