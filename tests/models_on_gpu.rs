@@ -8,30 +8,13 @@
 
 #[path = "common/gpu.rs"]
 mod gpu;
-
-use std::path::{Path, PathBuf};
+#[path = "common/scoring_pass.rs"]
+mod scoring_pass;
 
 use burn::backend::NdArray;
 use burn_cubecl::CubeBackend;
-use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, ItemGroup, LabelRoute, LabelTable, ModelFiles, Routes, ScoringBackend, TileShape};
-
-/// Label log-probabilities on `routes` of three items after two queries prefilled together (a
-/// short one, and one of two chunks), two items on the first, one on the second, `[items][labels]`.
-fn label_logprobs<B: ScoringBackend>(model_dir: &Path, routes: Routes) -> Vec<f32> {
-    let opened = ModelFiles::locate(model_dir).and_then(|files| files.open()).expect("fixture model opens");
-    let device = B::Device::default();
-    let mut model = DecoderModel::<B>::load(opened.config.clone(), opened.weights.as_ref(), &device, &mut |_, _| {}).expect("fixture model loads");
-    model.set_routes(routes);
-    let vocab = opened.config.vocab_size as u32;
-    let token = |i: u32| (i * 37 + 11) % vocab;
-    let queries: [Vec<u32>; 2] = [(0..23).map(token).collect(), (500..1030).map(token).collect()];
-    let items: Vec<Vec<u32>> = [1, 6, 19].iter().map(|&len| (100..100 + len).map(token).collect()).collect();
-    let prefixes = model.prefill_batch(vec![model.empty_query(), model.empty_query()], &[&queries[0], &queries[1]]);
-    let groups = [ItemGroup { query: 0, items: vec![&items[0], &items[1]] }, ItemGroup { query: 1, items: vec![&items[2]] }];
-    let hidden = model.last_hidden(&model.query_batch(prefixes), &groups);
-    let labels = LabelTable::new(&[&[0, 1, vocab - 1], &[2, 3, 4], &[5, vocab / 2, 6]]);
-    model.label_logprobs(hidden, &labels).into_data().to_vec().expect("f32 log-probabilities")
-}
+use scoring_pass::{fixture_models, label_logprobs};
+use tally_model::{AttentionRoute, ElementwiseRoute, LabelRoute, Routes, ScoringBackend, TileShape};
 
 /// Log-probabilities (not probabilities): relative 1e-3, absolute 1e-3 below 1 in magnitude.
 fn assert_logprobs_match_cpu(got: &[f32], expected: &[f32], what: &str) {
@@ -42,13 +25,7 @@ fn assert_logprobs_match_cpu(got: &[f32], expected: &[f32], what: &str) {
 }
 
 fn check<B: ScoringBackend>(backend: &str) {
-    // Beside the sources, or where `TALLY_FIXTURES` says (a test binary carried to the GPU machine).
-    let fixtures = std::env::var_os("TALLY_FIXTURES").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures"));
-    let models = fixtures.join("models");
-    let mut dirs: Vec<_> = std::fs::read_dir(&models).unwrap().map(|e| e.unwrap().path()).collect();
-    dirs.sort();
-    assert!(dirs.len() >= 6, "fixture models are missing");
-    for dir in dirs {
+    for dir in fixture_models() {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let expected = label_logprobs::<NdArray<f32>>(&dir, Routes::PLAIN);
         // The backend's kernels: the row attention kernel with Burn's elementwise ops, the tile

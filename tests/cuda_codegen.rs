@@ -1,0 +1,288 @@
+//! Every kernel the CUDA build launches, compiled offline for the H100 the GPU suite runs on
+//! (`sm_90a`): CubeCL's CUDA source (`common/offline_cuda.rs`, no GPU) → NVRTC → PTX → `ptxas`,
+//! the path CubeCL's runtime and the driver take at a launch. It catches what a GPU session
+//! would otherwise find first: C++ CubeCL generates that does not compile, inline PTX
+//! (`ldmatrix`, `mma.sync`) that only `ptxas` reads, shared memory past the device's limit; and
+//! it reports each of tally's kernels' registers, spills and shared memory, which decide
+//! occupancy before any timing.
+//!
+//! The kernels come from running tally's code on the offline runtime: every attention route and
+//! tile variant at the SmolLM2 and Qwen3-0.6B head shapes, and every fixture model's scoring
+//! pass on each route, unfused and through Burn's fusion (what `tally serve --backend cuda`
+//! runs), in float32 and bfloat16.
+//!
+//! Burn's and CubeK's kernels are generated too (CubeCL's expansion runs for them) but not
+//! compiled: they are their projects' to build; the ones CubeCL cannot generate are listed.
+//!
+//! Needs NVRTC and `ptxas` from a CUDA 13 toolkit: its folder in `TALLY_CUDA_TOOLKIT`, with its
+//! `lib` on `LD_LIBRARY_PATH` (cudarc loads NVRTC by name). `tests/cuda_toolkit.sh` installs one
+//! from NVIDIA's PyPI wheels and prints its folder, as `.ci/run` does:
+//!
+//! ```sh
+//! cuda=$(tests/cuda_toolkit.sh)
+//! TALLY_CUDA_TOOLKIT=$cuda LD_LIBRARY_PATH=$cuda/lib cargo test --release -p tally-shaders --features cuda --test cuda_codegen
+//! ```
+//!
+//! (Not `CUDA_PATH`: cudarc's build script reads it, and the CUDA build would be rebuilt.)
+//!
+//! Without a toolkit the test is reported ignored; `TALLY_REQUIRE_NVRTC=1` (CI) makes that a
+//! failure. `TALLY_CUDA_CODEGEN_REPORT=FILE` writes the per-kernel table as JSON (committed as
+//! `benches/results/cuda-codegen-sm90a.json`).
+
+#[path = "common/offline_cuda.rs"]
+mod offline_cuda;
+mod kernel_cases;
+#[path = "common/scoring_pass.rs"]
+mod scoring_pass;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use burn_cubecl::{CubeBackend, FloatElement};
+use burn_fusion::Fusion;
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use half::bf16;
+use kernel_cases::Case;
+use offline_cuda::{CudaSource, OfflineCuda};
+use tally_model::{AttentionRoute, ElementwiseRoute, LabelRoute, Routes, ScoringBackend};
+use tally_shaders::{FragmentLoads, TileShape};
+
+/// Float type `F` on offline device `ID` (one a float type: see [`offline_cuda::OfflineDevice`]).
+type Offline<F, const ID: u16> = CubeBackend<OfflineCuda<ID>, F, i32, u8>;
+
+/// The CUDA toolkit the kernels are compiled with.
+struct Toolkit {
+    include: PathBuf,
+    ptxas: PathBuf,
+}
+
+impl Toolkit {
+    /// `TALLY_CUDA_TOOLKIT`'s headers and `ptxas`, with NVRTC loadable; why not, otherwise.
+    fn find() -> Result<Toolkit, String> {
+        let root = PathBuf::from(std::env::var_os("TALLY_CUDA_TOOLKIT").ok_or("TALLY_CUDA_TOOLKIT is not set")?);
+        let toolkit = Toolkit { include: root.join("include"), ptxas: root.join("bin/ptxas") };
+        for needed in [toolkit.include.join("cuda_bf16.h"), toolkit.ptxas.clone()] {
+            if !needed.exists() {
+                return Err(format!("{} is missing", needed.display()));
+            }
+        }
+        // cudarc loads NVRTC by name, as the CUDA runtime does.
+        let library_path = std::env::var_os("LD_LIBRARY_PATH").unwrap_or_default();
+        if !std::env::split_paths(&library_path).any(|dir| dir.join("libnvrtc.so.13").exists()) {
+            return Err("libnvrtc.so.13 is not on LD_LIBRARY_PATH".into());
+        }
+        Ok(toolkit)
+    }
+
+    /// NVRTC with the options CubeCL's CUDA runtime passes (cubecl-cuda `compile_kernel`).
+    fn ptx(&self, kernel: &CudaSource) -> Result<String, String> {
+        let mut include_paths = vec![self.include.display().to_string()];
+        let cccl = self.include.join("cccl");
+        if cccl.exists() {
+            include_paths.push(cccl.display().to_string());
+        }
+        let options = CompileOptions { arch: Some("sm_90a"), include_paths, options: vec!["-lineinfo".into()], ..Default::default() };
+        compile_ptx_with_opts(&kernel.source, options).map(|ptx| ptx.to_src()).map_err(|error| format!("{error:?}"))
+    }
+
+    /// `ptxas -v` for `sm_90a`: what the driver's JIT makes of the PTX.
+    fn assemble(&self, ptx: &str, scratch: &Path) -> Result<Resources, String> {
+        std::fs::write(scratch, ptx).map_err(|e| e.to_string())?;
+        let output = Command::new(&self.ptxas).args(["-arch=sm_90a", "-v", "-o", "/dev/null"]).arg(scratch).output().map_err(|e| e.to_string())?;
+        let log = String::from_utf8_lossy(&output.stderr).into_owned();
+        if !output.status.success() {
+            return Err(log);
+        }
+        Ok(Resources::from_ptxas_log(&log))
+    }
+}
+
+/// What `ptxas -v` says a kernel uses.
+#[derive(Debug, Default)]
+struct Resources {
+    registers: u32,
+    spill_stores: u32,
+    spill_loads: u32,
+    stack_frame: u32,
+    shared_memory: u32,
+}
+
+impl Resources {
+    fn from_ptxas_log(log: &str) -> Resources {
+        // "Used 168 registers, used 1 barriers, 33280 bytes smem, 400 bytes cmem[0]" and
+        // "24 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads".
+        let number_before = |line: &str, unit: &str| -> Option<u32> {
+            let end = line.find(unit)?;
+            line[..end].trim_end().rsplit([' ', ',']).next()?.parse().ok()
+        };
+        let mut resources = Resources::default();
+        for line in log.lines() {
+            resources.registers = number_before(line, " registers").unwrap_or(resources.registers);
+            resources.shared_memory = number_before(line, " bytes smem").unwrap_or(resources.shared_memory);
+            resources.stack_frame = number_before(line, " bytes stack frame").unwrap_or(resources.stack_frame);
+            resources.spill_stores = number_before(line, " bytes spill stores").unwrap_or(resources.spill_stores);
+            resources.spill_loads = number_before(line, " bytes spill loads").unwrap_or(resources.spill_loads);
+        }
+        resources
+    }
+}
+
+/// Every attention route and tile variant on `F`, at the head shapes of SmolLM2 (9/3 heads of
+/// 64) and Qwen3-0.6B (16/8 heads of 128), prefixes and items straddling the tile sizes.
+fn attention_routes<F: FloatElement, const ID: u16>() {
+    let cases = [
+        Case { groups: vec![(700, vec![20, 65, 1]), (3, vec![17])], q_heads: 9, kv_heads: 3, head_dim: 64 },
+        Case { groups: vec![(2020, vec![20, 20, 3]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128 },
+    ];
+    let shapes = TileShape::ROWS.iter().flat_map(|&rows| TileShape::KEYS.iter().filter_map(move |&keys| TileShape::new(rows, keys)));
+    let variants: Vec<TileShape> = shapes
+        .flat_map(|shape| TileShape::STAGES.iter().filter_map(move |&stages| shape.with_stages(stages)))
+        .flat_map(|shape| [FragmentLoads::Ldmatrix, FragmentLoads::Elements].map(|loads| shape.with_loads(loads)))
+        .collect();
+    let routes = [AttentionRoute::Kernel, AttentionRoute::Cascade].into_iter().chain(variants.iter().flat_map(|&shape| [AttentionRoute::Tiled(shape), AttentionRoute::Flash(shape)]));
+    for route in routes {
+        for (seed, case) in cases.iter().enumerate() {
+            offline_cuda::running(format!("{:?} attention {route:?}, {}", F::dtype(), case.name()));
+            case.routed_on::<Offline<F, ID>>(seed as u64, route);
+        }
+    }
+}
+
+/// Every fixture model's scoring pass on each route, on backend `B`.
+fn fixture_passes<B: ScoringBackend>() {
+    let tiled = Routes { attention: AttentionRoute::Tiled(TileShape::default()), elementwise: ElementwiseRoute::Kernels, labels: LabelRoute::Kernel };
+    let flash = Routes { attention: AttentionRoute::Flash(TileShape::default()), ..tiled };
+    for dir in scoring_pass::fixture_models() {
+        for routes in [Routes::default(), tiled, flash, Routes::PLAIN] {
+            offline_cuda::running(format!("{} on {}, {routes}", dir.display(), std::any::type_name::<B>()));
+            scoring_pass::label_logprobs::<B>(&dir, routes);
+        }
+    }
+}
+
+fn in_float<F: FloatElement, const ID: u16>() {
+    println!("{:?}: attention routes", F::dtype());
+    attention_routes::<F, ID>();
+    println!("{:?}: fixture models, unfused and through fusion", F::dtype());
+    fixture_passes::<Offline<F, ID>>();
+    fixture_passes::<Fusion<Offline<F, ID>>>();
+}
+
+/// One compiled kernel's line in the report.
+struct Compiled {
+    kernel: CudaSource,
+    outcome: Result<Resources, String>,
+}
+
+/// Compiles `kernels` on all cores (NVRTC takes ~1 s a kernel).
+fn compile_all(toolkit: &Toolkit, kernels: Vec<CudaSource>) -> Vec<Compiled> {
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let queue = std::sync::Mutex::new(kernels.into_iter().enumerate());
+    let scratch = std::env::temp_dir().join(format!("tally-cuda-codegen-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let mut compiled: Vec<(usize, Compiled)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..workers)
+            .map(|worker| {
+                let (queue, scratch) = (&queue, scratch.join(format!("{worker}.ptx")));
+                scope.spawn(move || {
+                    let mut done = Vec::new();
+                    while let Some((index, kernel)) = queue.lock().unwrap().next() {
+                        let outcome = toolkit.ptx(&kernel).and_then(|ptx| toolkit.assemble(&ptx, &scratch));
+                        done.push((index, Compiled { kernel, outcome }));
+                    }
+                    done
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|worker| worker.join().unwrap()).collect()
+    });
+    let _ = std::fs::remove_dir_all(&scratch);
+    compiled.sort_by_key(|(index, _)| *index);
+    compiled.into_iter().map(|(_, compiled)| compiled).collect()
+}
+
+/// tally's own kernels (`shaders/`), by their entry points; the rest are Burn's and CubeK's,
+/// which their projects run on CUDA.
+const TALLYS: [&str; 12] = [
+    "add_rms_norm_kernel", "block_matmul_kernel", "expand_rows_kernel", "finish_kernel", "flash_attention_kernel", "fragment_load_probe",
+    "norm_rope_kernel", "row_attention_kernel", "silu_mul_kernel", "stored_matmul_kernel", "tiled_attention_kernel", "vocab_chunk_kernel",
+];
+
+fn is_tallys(entry_point: &str) -> bool {
+    TALLYS.iter().any(|name| entry_point.starts_with(name))
+}
+
+/// The table printed and the JSON written: each of tally's kernels with what generated it.
+fn report(compiled: &[Compiled], burn_failures: &[String]) -> serde_json::Value {
+    println!("\n{:<34} {:>5} {:>7} {:>7} {:>6} {:>7}  generated by", "kernel (sm_90a)", "regs", "spill↑B", "spill↓B", "stackB", "smemB");
+    let rows: Vec<serde_json::Value> = compiled
+        .iter()
+        .filter_map(|Compiled { kernel, outcome }| Some((kernel, outcome.as_ref().ok()?)))
+        .map(|(kernel, r)| {
+            let shared = kernel.shared_memory_bytes.max(r.shared_memory as usize);
+            println!("{:<34} {:>5} {:>7} {:>7} {:>6} {:>7}  {}", kernel.entry_point, r.registers, r.spill_stores, r.spill_loads, r.stack_frame, shared, kernel.generated_by);
+            serde_json::json!({
+                "kernel": kernel.entry_point, "generated_by": kernel.generated_by, "registers": r.registers,
+                "spill_store_bytes": r.spill_stores, "spill_load_bytes": r.spill_loads, "stack_frame_bytes": r.stack_frame, "shared_memory_bytes": shared,
+            })
+        })
+        .collect();
+    serde_json::json!({ "arch": "sm_90a", "compiler": "CubeCL 0.10 CUDA dialect, NVRTC, ptxas", "kernels": rows, "burn_generation_failures": burn_failures })
+}
+
+fn every_kernel_compiles_for_sm_90a(toolkit: &Toolkit) {
+    in_float::<f32, 0>();
+    in_float::<bf16, 1>();
+    let generated = offline_cuda::compiled();
+    let (tallys, others): (Vec<CudaSource>, Vec<CudaSource>) = generated.into_iter().partition(|kernel| is_tallys(&kernel.entry_point));
+    let (tally_failures, burn_failures): (Vec<String>, Vec<String>) = offline_cuda::failed().into_iter().partition(|failure| failure.starts_with("tally_shaders"));
+    println!("{} of tally's kernels and {} of Burn's and CubeK's generated; compiling tally's with NVRTC and ptxas for sm_90a", tallys.len(), others.len());
+    let compiled = compile_all(toolkit, tallys);
+    let report = report(&compiled, &burn_failures);
+    if let Some(path) = std::env::var_os("TALLY_CUDA_CODEGEN_REPORT") {
+        std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap()).expect("the report is written");
+    }
+    // Burn's own kernels are Burn's to fix; they are listed so that a GPU session checks them
+    // (`models_on_gpu` through fusion on CUDA shows whether the outputs go unwritten there).
+    if !burn_failures.is_empty() {
+        println!("\nwarning: CubeCL could not generate {} of Burn's kernels for CUDA; first:\n{}", burn_failures.len(), burn_failures[0]);
+    }
+    let max_shared = offline_cuda::MAX_SHARED_MEMORY_BYTES;
+    let failures: Vec<String> = compiled
+        .iter()
+        .filter_map(|Compiled { kernel, outcome }| match outcome {
+            Err(log) => Some(format!("{} ({}): {log}", kernel.entry_point, kernel.generated_by)),
+            Ok(_) if kernel.shared_memory_bytes > max_shared => Some(format!("{} ({}): {} bytes of shared memory, the H100 has {max_shared}", kernel.entry_point, kernel.generated_by, kernel.shared_memory_bytes)),
+            Ok(_) => None,
+        })
+        .chain(tally_failures)
+        .collect();
+    assert!(failures.is_empty(), "{} of tally's {} kernels do not build for sm_90a:\n{}", failures.len(), compiled.len(), failures.join("\n\n"));
+}
+
+fn main() {
+    // A kernel CubeCL cannot generate panics on the device's stream thread, where the offline
+    // server catches it and the test reports it; its backtrace would only bury the report.
+    let report_panic = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !std::thread::current().name().is_some_and(|name| name.starts_with("DSD-")) {
+            report_panic(info);
+        }
+    }));
+    let args = libtest_mimic::Arguments::from_args();
+    let toolkit = Toolkit::find();
+    if let Err(why) = &toolkit {
+        if std::env::var("TALLY_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
+            eprintln!("error: TALLY_REQUIRE_NVRTC=1 but no CUDA toolkit to compile with: {why}");
+            std::process::exit(101);
+        }
+        eprintln!("note: ignored: no CUDA toolkit to compile with ({why}); see this test's docs");
+    }
+    let available = toolkit.is_ok();
+    let trial = libtest_mimic::Trial::test("every_kernel_compiles_for_sm_90a", move || {
+        every_kernel_compiles_for_sm_90a(&toolkit.expect("checked above"));
+        Ok(())
+    })
+    .with_ignored_flag(!available);
+    libtest_mimic::run(&args, vec![trial]).exit()
+}
