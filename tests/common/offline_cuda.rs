@@ -188,7 +188,8 @@ impl<const ID: u16> ComputeServer for OfflineServer<ID> {
             Ok(Err(error)) => format!("{error:?}"),
             Err(panic) => panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default(),
         };
-        FAILED.lock().unwrap().push(format!("{} (while running {}): {}", kernel.name(), RUNNING.lock().unwrap(), why.trim()));
+        // The kernel's id spells out what it was asked to generate (for a fused kernel: its ops).
+        FAILED.lock().unwrap().push(format!("{} (while running {}): {}\nkernel: {:?}", kernel.name(), RUNNING.lock().unwrap(), why.trim(), kernel.id()));
     }
 
     fn flush(&mut self, _: StreamId) -> Result<(), ServerError> {
