@@ -131,20 +131,15 @@ fn attention_every_tile_shape() {
     let case = Case { groups: vec![(40, vec![16, 17, 33, 1, 64, 65, 130]), (1, vec![31, 2])], q_heads: 4, kv_heads: 2, head_dim: 32 };
     let expected = case.expected(21);
     let client = client();
-    for rows in TileShape::ROWS {
-        for keys in TileShape::KEYS {
-            for stages in TileShape::STAGES {
-                let shape = TileShape::new(rows, keys).and_then(|shape| shape.with_stages(stages)).expect("a built shape");
-                if !tally_shaders::tile_fits(shape, &client, case.head_dim, burn::tensor::DType::F32) {
-                    // Still checked: the call falls back to fewer stages or the row kernel.
-                    eprintln!("note: tile {shape} needs more shared memory than this adapter has");
-                }
-                // The tiled kernel stages one step at a time, whatever the shape's stages.
-                let kernels = if stages == 1 { vec![AttentionKernel::Tiled(shape), AttentionKernel::Flash(shape)] } else { vec![AttentionKernel::Flash(shape)] };
-                for kernel in kernels {
-                    assert_close(&case.kernel::<f32>(21, kernel), &expected, 1e-4, &format!("{kernel:?} ({}), {}", case.launched::<f32>(kernel), case.name()));
-                }
-            }
+    for shape in every_tile_shape() {
+        if !tally_shaders::tile_fits(shape, &client, case.head_dim, burn::tensor::DType::F32) {
+            // Still checked: the call falls back to fewer stages or the row kernel.
+            eprintln!("note: tile {shape} needs more shared memory than this adapter has");
+        }
+        // The tiled kernel stages one step at a time, whatever the shape's stages.
+        let kernels = if shape.stages == 1 { vec![AttentionKernel::Tiled(shape), AttentionKernel::Flash(shape)] } else { vec![AttentionKernel::Flash(shape)] };
+        for kernel in kernels {
+            assert_close(&case.kernel::<f32>(21, kernel), &expected, 1e-4, &format!("{kernel:?} ({}), {}", case.launched::<f32>(kernel), case.name()));
         }
     }
 }

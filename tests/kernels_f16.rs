@@ -6,8 +6,8 @@ mod gpu;
 mod kernel_cases;
 
 use burn::tensor::DType;
-use kernel_cases::{assert_close, tensor, Case, Gpu};
-use tally_shaders::{tensor_core_tiles, AttentionKernel, FragmentLoads, TileShape};
+use kernel_cases::{assert_close, tensor, Case, Gpu, FRAGMENT_LOADS};
+use tally_shaders::{tensor_core_tiles, AttentionKernel, TileShape};
 
 fn attention_in_f16_accumulates_in_f32() {
     // f16 inputs and output, f32 inside: only the roundings of f16 remain.
@@ -28,7 +28,7 @@ fn attention_in_f16_accumulates_in_f32() {
         // 64-key steps: four `ldmatrix.x4` of keys per 16 dimensions).
         let tiles = [TileShape::default(), TileShape::new(128, 64).expect("a built shape")]
             .into_iter()
-            .flat_map(|shape| [FragmentLoads::Ldmatrix, FragmentLoads::Elements].map(|loads| shape.with_loads(loads)));
+            .flat_map(|shape| FRAGMENT_LOADS.map(|loads| shape.with_loads(loads)));
         let kernels = std::iter::once(AttentionKernel::Rows).chain(tiles.flat_map(|tile| [AttentionKernel::Tiled(tile), AttentionKernel::Flash(tile)]));
         for kernel in kernels {
             let launched = case.launched::<half::f16>(kernel);
@@ -59,7 +59,7 @@ fn tensor_core_fragment_loads_are_ptxs() {
         expected.extend([g, g + 8].iter().flat_map(|&key| ks.map(|dim| value(key, dim))));
         expected.extend([g, g + 8].iter().flat_map(|&dim| ks.map(|key| value(key, dim))));
     }
-    for loads in [FragmentLoads::Ldmatrix, FragmentLoads::Elements] {
+    for loads in FRAGMENT_LOADS {
         let staged = tensor::<Gpu<half::f16>, 2>(&tile, [16, 16]).into_primitive().tensor();
         let read = burn::tensor::Tensor::<Gpu<half::f16>, 1>::from_primitive(TensorPrimitive::Float(tally_shaders::fragment_loads(staged, loads)));
         assert_eq!(kernel_cases::host(read), expected, "{loads:?}: per lane, the keys' two fragments, then the values' two");

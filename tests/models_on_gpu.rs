@@ -13,8 +13,8 @@ mod scoring_pass;
 
 use burn::backend::NdArray;
 use burn_cubecl::CubeBackend;
-use scoring_pass::{fixture_models, label_logprobs};
-use tally_model::{AttentionRoute, ElementwiseRoute, LabelRoute, Routes, ScoringBackend, TileShape};
+use scoring_pass::{fixture_models, label_logprobs, whole_model_routes};
+use tally_model::{Routes, ScoringBackend};
 
 /// Log-probabilities (not probabilities): relative 1e-3, absolute 1e-3 below 1 in magnitude.
 fn assert_logprobs_match_cpu(got: &[f32], expected: &[f32], what: &str) {
@@ -28,11 +28,7 @@ fn check<B: ScoringBackend>(backend: &str) {
     for dir in fixture_models() {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let expected = label_logprobs::<NdArray<f32>>(&dir, Routes::PLAIN);
-        // The backend's kernels: the row attention kernel with Burn's elementwise ops, the tile
-        // kernels with the fused elementwise kernels; then plain Burn ops.
-        let tiled = Routes { attention: AttentionRoute::Tiled(TileShape::default()), elementwise: ElementwiseRoute::Kernels, labels: LabelRoute::Kernel };
-        let flash = Routes { attention: AttentionRoute::Flash(TileShape::default()), ..tiled };
-        for routes in [Routes::default(), tiled, flash, Routes::PLAIN] {
+        for routes in whole_model_routes() {
             assert_eq!(B::routes(routes), routes, "a CubeCL backend runs every route asked");
             assert_logprobs_match_cpu(&label_logprobs::<B>(&dir, routes), &expected, &format!("{name} on {backend}, {routes}"));
         }

@@ -5,11 +5,12 @@
 #   benches/gpu/suite.sh               # there (device run, carry .gpu and .gl): results into $OUT
 #   TALLY_SUITE_DRY_RUN=1 benches/gpu/suite.sh   # here, on the CPU with the tiny preset
 #
-# Stages (TALLY_SUITE_STAGES, default all; the headline numbers first): env scenario profile peers
-# attention fixtures kernels coldstart load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_MATMULS (cubecl cublas),
+# Stages (TALLY_SUITE_STAGES, run in the order given; default all, the headline numbers first): env
+# scenario profile peers attention fixtures kernels coldstart load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_MATMULS (cubecl cublas),
 # TALLY_SUITE_ATTENTIONS (flash tiled kernel cascade; the first is the one profiled and split),
 # TALLY_SUITE_TILES (the tile kernels' other tile shapes the attention stage times), TALLY_SUITE_SCENARIOS (s1 s2), TALLY_SUITE_CASES and
-# TALLY_SUITE_PEER_SCENARIOS narrow them. TALLY_SUITE_TILE_FLAGS adds flags to every command that
+# TALLY_SUITE_PEER_SCENARIOS narrow them, TALLY_SUITE_KERNEL_TESTS the kernel stage's test
+# executables (kernels kernels_f16 models_on_gpu). TALLY_SUITE_TILE_FLAGS adds flags to every command that
 # runs the tile kernels (e.g. "--fragment-loads elements" should ldmatrix fail on a machine).
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
 set -uo pipefail
@@ -22,7 +23,8 @@ out=/tmp/tally-suite/results
 # TALLY_SUITE_KEEP=1 adds to the results of an earlier invocation on the same machine.
 [ "${TALLY_SUITE_KEEP:-0}" = 1 ] || rm -rf "$out"
 mkdir -p "$OUT" "$out"
-stages=${TALLY_SUITE_STAGES:-env scenario profile peers attention fixtures kernels coldstart load wgpu chart}
+all_stages="env scenario profile peers attention fixtures kernels coldstart load wgpu chart"
+stages=${TALLY_SUITE_STAGES:-$all_stages}
 attentions=${TALLY_SUITE_ATTENTIONS:-flash tiled kernel cascade}
 scenarios=${TALLY_SUITE_SCENARIOS:-s1 s2}
 tiles=${TALLY_SUITE_TILES:-128x16 64x32 128x32 32x16 128x64}
@@ -59,7 +61,6 @@ fi
 failures=0
 stage() { # stage NAME COMMAND...: runs one stage, logs it, records its status and time
     local name=$1; shift
-    case " $stages " in *" $name "*) ;; *) return 0 ;; esac
     echo "=== $name"
     local start=$SECONDS
     if "$@" 2>&1 | tee -a "$out/suite.log"; then status=ok; else status=failed; failures=$((failures + 1)); fi
@@ -173,6 +174,7 @@ kernels_stage() {
     fi >"$out/kernel-tests.txt"
     [ -s "$out/kernel-tests.txt" ] || { echo "no kernel test executables"; return 1; }
     while read -r name path; do
+        case " ${TALLY_SUITE_KERNEL_TESTS:-$name} " in *" $name "*) ;; *) continue ;; esac
         if [ "$dry" = 1 ]; then
             "$path" --list || ok=1
         else
@@ -260,16 +262,9 @@ chart_stage() {
     "$cuda" bench chart --results "$out" --out "$out/chart.png" && cp "$out/chart.png" "$OUT/chart.png"
 }
 
-stage env env_stage
-stage scenario scenario_stage
-stage profile profile_stage
-stage peers peers_stage
-stage attention attention_stage
-stage fixtures fixtures_stage
-stage kernels kernels_stage
-stage coldstart coldstart_stage
-stage load load_stage
-stage wgpu wgpu_stage
-stage chart chart_stage
+# In the order TALLY_SUITE_STAGES names them: a lease that ends early keeps what came first.
+for name in $stages; do
+    case " $all_stages " in *" $name "*) stage $name ${name}_stage ;; *) echo "unknown stage: $name (stages: $all_stages)"; failures=$((failures + 1)) ;; esac
+done
 echo "suite: $failures stage(s) failed; results in $OUT/suite-results.tgz"
 exit $failures

@@ -40,9 +40,15 @@ pub const ARCH: u32 = 90;
 /// An H100 SXM's shared memory per block (227 KiB, opted in; the runtime refuses launches past it).
 pub const MAX_SHARED_MEMORY_BYTES: usize = 232_448;
 
+/// How the Rust type of each of tally's kernels (`shaders/`) begins; Burn's and CubeK's begin
+/// with their crates'.
+const TALLYS_KERNELS: &str = "tally_shaders::";
+
 /// One kernel as CubeCL's CUDA runtime would hand it to NVRTC.
 #[derive(Clone, Debug)]
 pub struct CudaSource {
+    /// The kernel's Rust type (its `#[cube]` function's module path).
+    pub kernel_type: &'static str,
     /// The generated kernel function's name (the `#[cube]` function's, with its generics).
     pub entry_point: String,
     pub source: String,
@@ -50,6 +56,12 @@ pub struct CudaSource {
     pub generated_by: String,
     /// The shared memory CubeCL says the kernel declares.
     pub shared_memory_bytes: usize,
+}
+
+impl CudaSource {
+    pub fn is_tallys(&self) -> bool {
+        self.kernel_type.starts_with(TALLYS_KERNELS)
+    }
 }
 
 /// Every distinct kernel compiled so far in this process, by source.
@@ -130,6 +142,11 @@ pub struct OfflineServer<const ID: u16> {
     utilities: Arc<ServerUtilities<Self>>,
     options: CompilationOptions,
     timestamps: TimestampProfiler,
+    /// Every memory handle the client initialised, held as a device's memory pool holds them:
+    /// CubeCL lets a kernel write a tensor in place only while the pool and one tensor hold its
+    /// handle (`can_mut`), so without the pool's reference Burn would alias tensors a device
+    /// never would.
+    pool: Vec<ManagedMemoryHandle>,
 }
 
 impl<const ID: u16> ServerCommunication for OfflineServer<ID> {
@@ -143,7 +160,7 @@ impl<const ID: u16> DeviceService for OfflineServer<ID> {
         let utilities = Arc::new(ServerUtilities::new(properties, Arc::new(ServerLogger::default()), (), layout));
         // What CubeCL's CUDA server sets for compute capability 9.0 (cubecl-cuda's `init`).
         let features = CppSupportedFeatures { grid_constants: true, clusters: true, fast_math: true, fast_tanh: true, elect_sync: true };
-        OfflineServer { utilities, options: CompilationOptions { warp_size: 32, supports_features: features }, timestamps: TimestampProfiler::default() }
+        OfflineServer { utilities, options: CompilationOptions { warp_size: 32, supports_features: features }, timestamps: TimestampProfiler::default(), pool: Vec::new() }
     }
     fn utilities(&self) -> ServerUtilitiesHandle {
         ComputeServer::utilities(self) as ServerUtilitiesHandle
@@ -156,7 +173,9 @@ impl<const ID: u16> ComputeServer for OfflineServer<ID> {
     type MemoryLayoutPolicy = PitchedMemoryLayoutPolicy;
     type Storage = BytesStorage;
 
-    fn initialize_memory(&mut self, _: ManagedMemoryHandle, _: u64, _: StreamId) {}
+    fn initialize_memory(&mut self, memory: ManagedMemoryHandle, _: u64, _: StreamId) {
+        self.pool.push(memory);
+    }
 
     fn logger(&self) -> Arc<ServerLogger> {
         self.utilities.logger.clone()
@@ -184,7 +203,7 @@ impl<const ID: u16> ComputeServer for OfflineServer<ID> {
     unsafe fn launch(&mut self, kernel: Self::Kernel, _: CubeCount, _: KernelArguments, mode: ExecutionMode, _: StreamId) {
         let compile = || kernel.compile(&mut CudaCompiler::default(), &self.options, mode, kernel.address_type());
         let why = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(compile)) {
-            Ok(Ok(compiled)) => return keep(compiled),
+            Ok(Ok(compiled)) => return keep(kernel.name(), compiled),
             Ok(Err(error)) => format!("{error:?}"),
             Err(panic) => panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default(),
         };
@@ -213,10 +232,10 @@ impl<const ID: u16> ComputeServer for OfflineServer<ID> {
     fn allocation_mode(&mut self, _: MemoryAllocationMode, _: StreamId) {}
 }
 
-fn keep(compiled: CompiledKernel<CudaCompiler>) {
+fn keep(kernel_type: &'static str, compiled: CompiledKernel<CudaCompiler>) {
     let shared_memory_bytes = compiled.repr.as_ref().map_or(0, |repr| repr.shared_memory_size());
     let generated_by = RUNNING.lock().unwrap().clone();
-    let source = CudaSource { entry_point: compiled.entrypoint_name, source: compiled.source, generated_by, shared_memory_bytes };
+    let source = CudaSource { kernel_type, entry_point: compiled.entrypoint_name, source: compiled.source, generated_by, shared_memory_bytes };
     COMPILED.lock().unwrap().entry(source.source.clone()).or_insert(source);
 }
 

@@ -4,7 +4,15 @@
 
 use std::path::{Path, PathBuf};
 
-use tally_model::{DecoderModel, ItemGroup, LabelTable, ModelFiles, Routes, ScoringBackend};
+use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, ItemGroup, LabelRoute, LabelTable, ModelFiles, Routes, ScoringBackend, TileShape};
+
+/// The routes a whole model is run on: the backend's kernels (the row attention kernel with
+/// Burn's elementwise ops, the tile kernels with the fused elementwise and label kernels), then
+/// plain Burn ops.
+pub fn whole_model_routes() -> [Routes; 4] {
+    let tiled = Routes { attention: AttentionRoute::Tiled(TileShape::default()), elementwise: ElementwiseRoute::Kernels, labels: LabelRoute::Kernel };
+    [Routes::default(), tiled, Routes { attention: AttentionRoute::Flash(TileShape::default()), ..tiled }, Routes::PLAIN]
+}
 
 /// Every fixture model's directory: beside the sources, or where `TALLY_FIXTURES` says (a test
 /// binary carried to the GPU machine).

@@ -8,7 +8,7 @@ use burn::tensor::{backend::Backend, Tensor, TensorData, TensorPrimitive};
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::{tensor::CubeTensor, CubeBackend, CubeRuntime, FloatElement};
 use tally_model::{AttentionRoute, ItemLayout, PrefixKv, ScoringBackend};
-use tally_shaders::{AttentionKernel, AttentionTiles, MultiItemAttention};
+use tally_shaders::{AttentionKernel, AttentionTiles, FragmentLoads, MultiItemAttention, TileShape};
 
 pub type Reference = NdArray<f32>;
 
@@ -26,6 +26,17 @@ pub type Gpu<F = f32> = CubeBackend<GpuRuntime, F, i32, u32>;
 pub type Fused = burn::backend::Wgpu<f32>;
 #[cfg(feature = "cuda")]
 pub type Fused = burn::backend::Cuda<f32>;
+
+/// Both ways the tensor-core tiles read their fragments.
+pub const FRAGMENT_LOADS: [FragmentLoads; 2] = [FragmentLoads::Ldmatrix, FragmentLoads::Elements];
+
+/// Every tile shape the kernels are built for: [`TileShape::ROWS`] × [`TileShape::KEYS`] ×
+/// [`TileShape::STAGES`], fragments by `ldmatrix`.
+pub fn every_tile_shape() -> impl Iterator<Item = TileShape> {
+    TileShape::ROWS.into_iter().flat_map(|rows| {
+        TileShape::KEYS.into_iter().flat_map(move |keys| TileShape::STAGES.map(|stages| TileShape::new(rows, keys).and_then(|shape| shape.with_stages(stages)).expect("a built shape")))
+    })
+}
 
 /// Seeded uniform values in `[-scale, scale)`.
 pub fn random(seed: u64, count: usize, scale: f32) -> Vec<f32> {
