@@ -257,7 +257,7 @@ coldstart_stage() {
     return $ok
 }
 
-# Everything above in one PNG, also beside the archive in $OUT.
+# Everything above in one PNG, also beside the archive in $OUT, then as one table: the last output.
 chart_stage() {
     "$cuda" bench chart --results "$out" --out "$out/chart.png" && cp "$out/chart.png" "$OUT/chart.png"
 }

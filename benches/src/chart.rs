@@ -2,7 +2,8 @@
 //! Top: items/s per scenario, tally's runs beside the PyTorch peers measured in the same run,
 //! with the goal marked. Middle: one layer's multi-item attention per route and tile variant
 //! (`bench attention`), with the goal marked. Bottom: `bench load`'s P99 latency against the
-//! items/s it sustained, with the 500 ms bar.
+//! items/s it sustained, with the 500 ms bar. The same numbers, with the fixture runs, are then
+//! printed as one table ([`crate::summary`]): the last thing the GPU suite prints.
 
 use std::path::{Path, PathBuf};
 use std::sync::Once;
@@ -11,7 +12,9 @@ use anyhow::{Context, Result};
 use clap::Args;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
-use serde_json::Value;
+
+use crate::results::{AttentionBar, Bar, LoadPoint, Results, ATTENTION_GOAL_MS, LOAD_P99_BAR_MS, SCENARIO_GOALS};
+use crate::summary;
 
 #[derive(Args)]
 pub struct ChartArgs {
@@ -23,139 +26,13 @@ pub struct ChartArgs {
     pub out: Option<PathBuf>,
 }
 
-/// One bar: a run's items/s on one scenario.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Bar {
-    pub scenario: String,
-    pub label: String,
-    pub items_per_second: f64,
-    /// A PyTorch peer rather than tally.
-    pub peer: bool,
-}
-
-/// One layer's attention on one route (`bench attention`): what ran and how long it took.
-#[derive(Clone, Debug, PartialEq)]
-pub struct AttentionBar {
-    pub label: String,
-    pub ms: f64,
-}
-
-/// One `bench load` run: the rate it sustained and its tail latency.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LoadPoint {
-    pub items_per_second: f64,
-    pub p99_ms: f64,
-}
-
-/// What a results folder holds, ready to draw.
-#[derive(Debug, Default)]
-pub struct Results {
-    pub bars: Vec<Bar>,
-    /// Fastest first; a route run alike in several files (the row kernel, the cascade) once.
-    pub attention: Vec<AttentionBar>,
-    pub load: Vec<LoadPoint>,
-    /// The device line of the first result that names one.
-    pub device: Option<String>,
-}
-
-/// The issue's goals (H100, Qwen3-0.6B shape, bf16), drawn as lines.
-const SCENARIO_GOALS: [(&str, f64); 2] = [("s1", 10_000.0), ("s2", 15_000.0)];
-/// One layer's attention at S1's shape (issue: ≤ 0.9 ms, ≥ 200 TFLOP/s useful).
-const ATTENTION_GOAL_MS: f64 = 0.9;
-const LOAD_P99_BAR_MS: f64 = 500.0;
-
 pub fn run(args: ChartArgs) -> Result<()> {
     let results = Results::read(&args.results)?;
     let out = args.out.unwrap_or_else(|| args.results.join("chart.png"));
     draw(&results, &out)?;
-    println!("wrote {} ({} bars, {} attention bars, {} load points)", out.display(), results.bars.len(), results.attention.len(), results.load.len());
+    println!("wrote {} ({} bars, {} attention bars, {} load points)\n", out.display(), results.bars.len(), results.attention.len(), results.load.len());
+    print!("{}", summary::table(&results));
     Ok(())
-}
-
-impl Results {
-    /// Reads every `*.json` in `dir`; files of other kinds are skipped.
-    pub fn read(dir: &Path) -> Result<Results> {
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-            .with_context(|| format!("cannot read the results folder {}", dir.display()))?
-            .filter_map(|entry| entry.ok().map(|e| e.path()))
-            .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
-            .collect();
-        paths.sort();
-        let mut results = Results::default();
-        for path in paths {
-            let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-            let value: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
-            results.add(&value);
-        }
-        results.load.sort_by(|a, b| a.items_per_second.total_cmp(&b.items_per_second));
-        results.attention.sort_by(|a, b| a.ms.total_cmp(&b.ms));
-        Ok(results)
-    }
-
-    fn add(&mut self, result: &Value) {
-        let text = |key: &str| result[key].as_str().unwrap_or("").to_owned();
-        if self.device.is_none() {
-            self.device = result["device"].as_str().map(str::to_owned);
-        }
-        match result["benchmark"].as_str() {
-            Some("scenario") => {
-                let timing = if result["warm_median"].is_object() { &result["warm_median"] } else { &result["cold"] };
-                if let Some(rate) = timing["items_per_second"].as_f64() {
-                    let cublas = if text("matmul") == "cublas" { " cublas" } else { "" };
-                    let elementwise = if text("elementwise") == "kernels" { " ew-kernels" } else { "" };
-                    let label = format!("tally {} {} {}{cublas}{elementwise}", text("backend"), short_dtype(&text("dtype")), text("attention"));
-                    self.bars.push(Bar { scenario: text("scenario"), label: label.trim_end().to_owned(), items_per_second: rate, peer: false });
-                }
-            }
-            Some("multi-item attention, one layer") => {
-                // The tile routes carry their tile's size; what launched says the rest (loads,
-                // stages). A route the same in several files (the row kernel and the cascade in
-                // every file of a dtype) is drawn once.
-                let size = text("tile").split(',').next().unwrap_or_default().to_owned();
-                for (route, key) in [("kernel", "multi_item_ms"), ("tiled", "tiled_ms"), ("flash", "flash_ms"), ("cascade", "cascade_ms")] {
-                    let Some(ms) = result[key].as_f64() else { continue };
-                    let launched = result["launched"][route].as_str().unwrap_or(route);
-                    let tile = if matches!(route, "tiled" | "flash") { format!(" {size}") } else { String::new() };
-                    let label = format!("{route} {}{tile}: {launched}", short_dtype(&text("dtype")));
-                    if !self.attention.iter().any(|bar| bar.label == label) {
-                        self.attention.push(AttentionBar { label, ms });
-                    }
-                }
-            }
-            Some("load") => {
-                if let (Some(rate), Some(p99)) = (result["items_per_second"].as_f64(), result["latency_ms"]["p99"].as_f64()) {
-                    self.load.push(LoadPoint { items_per_second: rate, p99_ms: p99 });
-                }
-            }
-            Some(name) if name.starts_with("PyTorch peers") => {
-                let Some(peers) = result["peers"].as_object() else { return };
-                for (peer, timing) in peers {
-                    if let Some(rate) = timing["items_per_second"].as_f64() {
-                        let label = format!("PyTorch {} {}", peer.replace('_', " "), short_dtype(&text("dtype")));
-                        self.bars.push(Bar { scenario: text("scenario"), label, items_per_second: rate, peer: true });
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// The bars of each scenario present, scenarios in order (s1 before s2).
-    fn by_scenario(&self) -> Vec<(&str, Vec<&Bar>)> {
-        let mut names: Vec<&str> = self.bars.iter().map(|bar| bar.scenario.as_str()).collect();
-        names.sort();
-        names.dedup();
-        names.into_iter().map(|name| (name, self.bars.iter().filter(|bar| bar.scenario == name).collect())).collect()
-    }
-}
-
-fn short_dtype(dtype: &str) -> &str {
-    match dtype {
-        "bfloat16" => "bf16",
-        "float16" => "f16",
-        "float32" => "f32",
-        other => other,
-    }
 }
 
 /// plotters' bitmap text needs a font it can load without the system's: ours is built in.
@@ -321,53 +198,7 @@ fn draw_load(area: &Area, load: &[LoadPoint]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    /// A fresh folder per test (they run in parallel).
-    fn folder(test: &str, results: &[(&str, Value)]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("tally-chart-{}-{test}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for (name, value) in results {
-            std::fs::write(dir.join(name), value.to_string()).unwrap();
-        }
-        std::fs::write(dir.join("suite.log"), "not a result").unwrap();
-        dir
-    }
-
-    fn suite_like(test: &str) -> PathBuf {
-        folder(test, &[
-            ("scenario-s1.json", json!({"benchmark": "scenario", "scenario": "s1", "backend": "cuda", "dtype": "bfloat16", "attention": "kernel", "device": "H100", "cold": {"items_per_second": 2.0}, "warm_median": {"items_per_second": 849.0}})),
-            ("scenario-s2-cold.json", json!({"benchmark": "scenario", "scenario": "s2", "backend": "cpu", "dtype": "float32", "attention": "cascade", "cold": {"items_per_second": 30.0}, "warm_median": null})),
-            ("peers-s1.json", json!({"benchmark": "PyTorch peers (HF transformers, SDPA)", "scenario": "s1", "dtype": "bfloat16", "peers": {"packed_mask": {"items_per_second": 2410.0}, "padded": {"items_per_second": 82.0}}})),
-            ("load-qps300.json", json!({"benchmark": "load", "items_per_second": 3000.0, "latency_ms": {"p50": 90.0, "p99": 400.0}})),
-            ("load-qps100.json", json!({"benchmark": "load", "items_per_second": 1000.0, "latency_ms": {"p50": 50.0, "p99": 120.0}})),
-            ("attention.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "64x16, 2 stages, ldmatrix", "multi_item_ms": 14.9, "flash_ms": 0.8, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
-            ("attention-tile.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "128x32, 2 stages, ldmatrix", "multi_item_ms": 14.9, "flash_ms": 0.6, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
-        ])
-    }
-
-    #[test]
-    fn a_results_folder_becomes_bars_and_load_points() {
-        let results = Results::read(&suite_like("read")).unwrap();
-        assert_eq!(results.device.as_deref(), Some("H100"));
-        let bar = |label: &str| results.bars.iter().find(|b| b.label == label).unwrap_or_else(|| panic!("no bar {label}: {:?}", results.bars)).clone();
-        assert_eq!(bar("tally cuda bf16 kernel"), Bar { scenario: "s1".into(), label: "tally cuda bf16 kernel".into(), items_per_second: 849.0, peer: false });
-        // No warm request: the cold one stands in.
-        assert_eq!(bar("tally cpu f32 cascade").items_per_second, 30.0);
-        assert!(bar("PyTorch packed mask bf16").peer);
-        assert_eq!(bar("PyTorch padded bf16").items_per_second, 82.0);
-        assert_eq!(results.bars.len(), 4, "attention results are not scenario bars");
-        // The row kernel's time, the same in both files, once; each flash tile its own; fastest first.
-        let attention: Vec<(&str, f64)> = results.attention.iter().map(|bar| (bar.label.as_str(), bar.ms)).collect();
-        assert_eq!(attention, [
-            ("flash bf16 128x32: flash, tensor cores, ldmatrix, 2 stages", 0.6),
-            ("flash bf16 64x16: flash, tensor cores, ldmatrix, 2 stages", 0.8),
-            ("kernel bf16: kernel", 14.9),
-        ]);
-        assert_eq!(results.load, vec![LoadPoint { items_per_second: 1000.0, p99_ms: 120.0 }, LoadPoint { items_per_second: 3000.0, p99_ms: 400.0 }]);
-        let scenarios: Vec<(&str, usize)> = results.by_scenario().into_iter().map(|(name, bars)| (name, bars.len())).collect();
-        assert_eq!(scenarios, [("s1", 3), ("s2", 1)]);
-    }
+    use crate::results::test_folders::{folder, suite_like};
 
     #[test]
     fn the_chart_is_a_png_with_a_row_per_bar() {
@@ -381,9 +212,8 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_folder_still_draws_and_a_missing_one_is_an_error() {
+    fn an_empty_folder_still_draws() {
         let dir = folder("empty", &[]);
         draw(&Results::read(&dir).unwrap(), &dir.join("empty.png")).unwrap();
-        assert!(Results::read(&dir.join("missing")).unwrap_err().to_string().contains("cannot read the results folder"));
     }
 }

@@ -6,7 +6,8 @@
 //! - [`scenario`]: the seed scenarios (S1, S2) through the engine, on any backend.
 //! - [`attention`]: one layer's multi-item attention per route against dense-masked attention.
 //! - [`child_server`]: `tally serve` as a child process (soak and the end-to-end tests use it).
-//! - [`chart`]: a PNG of a results folder (scenarios beside the PyTorch peers, load's P99).
+//! - [`results`]: a results folder read; [`chart`] draws it as a PNG (scenarios beside the
+//!   PyTorch peers, attention per route, load's P99), [`summary`] prints it as one table.
 //! - [`request_shape`]: the requests `load` and `soak` send; [`rng`], [`report`], [`timing`]:
 //!   what the benchmarks share.
 
@@ -16,9 +17,11 @@ pub mod child_server;
 pub mod load;
 pub mod report;
 pub mod request_shape;
+pub mod results;
 pub mod rng;
 pub mod scenario;
 pub mod soak;
+pub mod summary;
 pub mod timing;
 
 /// What a run computed on, as its result records it.

@@ -1,0 +1,250 @@
+//! A results folder (the GPU suite's, or any folder of `tally bench` and `pytorch_peers.py`
+//! JSON) read into what [`crate::chart`] draws and [`crate::summary`] tabulates.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+/// The issue's goals (H100, Qwen3-0.6B shape, bf16), drawn as lines.
+pub const SCENARIO_GOALS: [(&str, f64); 2] = [("s1", 10_000.0), ("s2", 15_000.0)];
+/// One layer's attention at S1's shape (issue: ≤ 0.9 ms, ≥ 200 TFLOP/s useful).
+pub const ATTENTION_GOAL_MS: f64 = 0.9;
+pub const LOAD_P99_BAR_MS: f64 = 500.0;
+
+/// One bar: a run's items/s on one scenario.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bar {
+    pub scenario: String,
+    pub label: String,
+    pub items_per_second: f64,
+    /// A PyTorch peer rather than tally.
+    pub peer: bool,
+    /// The most tokens a pass took (tally's runs record it).
+    pub pass_tokens: Option<u64>,
+}
+
+/// One layer's attention on one route (`bench attention`): what ran and how long it took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionBar {
+    pub label: String,
+    pub ms: f64,
+}
+
+/// One `bench load` run: the rate it sustained and its tail latency.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadPoint {
+    pub items_per_second: f64,
+    pub p99_ms: f64,
+}
+
+/// One fixture run: every case of one route against its float64 reference.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FixtureRun {
+    /// Backend, dtype and routes, as `check_fixtures.py` names them.
+    pub label: String,
+    pub passed: usize,
+    pub cases: usize,
+    /// The largest relative error against the reference, of the cases that ran.
+    pub worst_error: f64,
+    pub tolerance: f64,
+}
+
+/// What a results folder holds, ready to draw or tabulate.
+#[derive(Debug, Default)]
+pub struct Results {
+    pub bars: Vec<Bar>,
+    /// Fastest first; a route run alike in several files (the row kernel, the cascade) once.
+    pub attention: Vec<AttentionBar>,
+    pub load: Vec<LoadPoint>,
+    /// Each fixture run (`benches/gpu/check_fixtures.py`), in file order.
+    pub fixtures: Vec<FixtureRun>,
+    /// The device line of the first result that names one.
+    pub device: Option<String>,
+}
+
+impl Results {
+    /// Reads every `*.json` in `dir`; files of other kinds are skipped.
+    pub fn read(dir: &Path) -> Result<Results> {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .with_context(|| format!("cannot read the results folder {}", dir.display()))?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
+            .collect();
+        paths.sort();
+        let mut results = Results::default();
+        for path in paths {
+            let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            let value: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+            results.add(&value);
+        }
+        results.name_runs_apart_by_their_passes();
+        results.load.sort_by(|a, b| a.items_per_second.total_cmp(&b.items_per_second));
+        results.attention.sort_by(|a, b| a.ms.total_cmp(&b.ms));
+        Ok(results)
+    }
+
+    fn add(&mut self, result: &Value) {
+        let text = |key: &str| result[key].as_str().unwrap_or("").to_owned();
+        if self.device.is_none() {
+            self.device = result["device"].as_str().map(str::to_owned);
+        }
+        match result["benchmark"].as_str() {
+            Some("scenario") => {
+                let timing = if result["warm_median"].is_object() { &result["warm_median"] } else { &result["cold"] };
+                if let Some(rate) = timing["items_per_second"].as_f64() {
+                    let cublas = if text("matmul") == "cublas" { " cublas" } else { "" };
+                    let elementwise = if text("elementwise") == "kernels" { " ew-kernels" } else { "" };
+                    let label = format!("tally {} {} {}{cublas}{elementwise}", text("backend"), short_dtype(&text("dtype")), text("attention"));
+                    let pass_tokens = result["max_batch_tokens"].as_u64();
+                    self.bars.push(Bar { scenario: text("scenario"), label: label.trim_end().to_owned(), items_per_second: rate, peer: false, pass_tokens });
+                }
+            }
+            Some("multi-item attention, one layer") => {
+                // The tile routes carry their tile's size; what launched says the rest (loads,
+                // stages). A route the same in several files (the row kernel and the cascade in
+                // every file of a dtype) is drawn once.
+                let size = text("tile").split(',').next().unwrap_or_default().to_owned();
+                for (route, key) in [("kernel", "multi_item_ms"), ("tiled", "tiled_ms"), ("flash", "flash_ms"), ("cascade", "cascade_ms")] {
+                    let Some(ms) = result[key].as_f64() else { continue };
+                    let launched = result["launched"][route].as_str().unwrap_or(route);
+                    let tile = if matches!(route, "tiled" | "flash") { format!(" {size}") } else { String::new() };
+                    let label = format!("{route} {}{tile}: {launched}", short_dtype(&text("dtype")));
+                    if !self.attention.iter().any(|bar| bar.label == label) {
+                        self.attention.push(AttentionBar { label, ms });
+                    }
+                }
+            }
+            Some("load") => {
+                if let (Some(rate), Some(p99)) = (result["items_per_second"].as_f64(), result["latency_ms"]["p99"].as_f64()) {
+                    self.load.push(LoadPoint { items_per_second: rate, p99_ms: p99 });
+                }
+            }
+            Some(name) if name.starts_with("PyTorch peers") => {
+                let Some(peers) = result["peers"].as_object() else { return };
+                for (peer, timing) in peers {
+                    if let Some(rate) = timing["items_per_second"].as_f64() {
+                        let label = format!("PyTorch {} {}", peer.replace('_', " "), short_dtype(&text("dtype")));
+                        self.bars.push(Bar { scenario: text("scenario"), label, items_per_second: rate, peer: true, pass_tokens: None });
+                    }
+                }
+            }
+            // check_fixtures.py's results name no benchmark: they are the ones with cases.
+            None if result["cases"].is_array() => {
+                let cases = result["cases"].as_array().map(Vec::as_slice).unwrap_or_default();
+                let worst_error = cases.iter().filter_map(|case| case["reference_rel_error"].as_f64()).fold(0.0, f64::max);
+                let passed = cases.iter().filter(|case| case["ok"].as_bool() == Some(true)).count();
+                let routes = [text("backend"), short_dtype(&text("dtype")).to_owned(), text("attention"), text("matmul"), text("elementwise")];
+                let label = routes.iter().filter(|part| !part.is_empty()).cloned().collect::<Vec<_>>().join(" ");
+                let tolerance = result["tolerance"].as_f64().unwrap_or(f64::NAN);
+                self.fixtures.push(FixtureRun { label, passed, cases: cases.len(), worst_error, tolerance });
+            }
+            _ => {}
+        }
+    }
+
+    /// Runs alike but for their pass budget (the suite's S1 split into smaller passes beside
+    /// the one pass the device gives it) get their budget in their labels.
+    fn name_runs_apart_by_their_passes(&mut self) {
+        let labels: Vec<(String, String)> = self.bars.iter().map(|bar| (bar.scenario.clone(), bar.label.clone())).collect();
+        for bar in &mut self.bars {
+            let alike = labels.iter().filter(|(scenario, label)| *scenario == bar.scenario && *label == bar.label).count();
+            if let (true, Some(tokens)) = (alike > 1, bar.pass_tokens) {
+                bar.label = format!("{}, {tokens}-token passes", bar.label);
+            }
+        }
+    }
+
+    /// The bars of each scenario present, scenarios in order (s1 before s2).
+    pub fn by_scenario(&self) -> Vec<(&str, Vec<&Bar>)> {
+        let mut names: Vec<&str> = self.bars.iter().map(|bar| bar.scenario.as_str()).collect();
+        names.sort();
+        names.dedup();
+        names.into_iter().map(|name| (name, self.bars.iter().filter(|bar| bar.scenario == name).collect())).collect()
+    }
+}
+
+pub fn short_dtype(dtype: &str) -> &str {
+    match dtype {
+        "bfloat16" => "bf16",
+        "float16" => "f16",
+        "float32" => "f32",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_folders {
+    use std::path::PathBuf;
+
+    use serde_json::{json, Value};
+
+    /// A fresh folder per test (they run in parallel).
+    pub fn folder(test: &str, results: &[(&str, Value)]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tally-chart-{}-{test}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, value) in results {
+            std::fs::write(dir.join(name), value.to_string()).unwrap();
+        }
+        std::fs::write(dir.join("suite.log"), "not a result").unwrap();
+        dir
+    }
+
+    pub fn suite_like(test: &str) -> PathBuf {
+        folder(test, &[
+            ("scenario-s1.json", json!({"benchmark": "scenario", "scenario": "s1", "backend": "cuda", "dtype": "bfloat16", "attention": "kernel", "device": "H100", "cold": {"items_per_second": 2.0}, "warm_median": {"items_per_second": 849.0}})),
+            ("scenario-s2-cold.json", json!({"benchmark": "scenario", "scenario": "s2", "backend": "cpu", "dtype": "float32", "attention": "cascade", "cold": {"items_per_second": 30.0}, "warm_median": null})),
+            ("peers-s1.json", json!({"benchmark": "PyTorch peers (HF transformers, SDPA)", "scenario": "s1", "dtype": "bfloat16", "peers": {"packed_mask": {"items_per_second": 2410.0}, "padded": {"items_per_second": 82.0}}})),
+            ("load-qps300.json", json!({"benchmark": "load", "items_per_second": 3000.0, "latency_ms": {"p50": 90.0, "p99": 400.0}})),
+            ("load-qps100.json", json!({"benchmark": "load", "items_per_second": 1000.0, "latency_ms": {"p50": 50.0, "p99": 120.0}})),
+            ("attention.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "64x16, 2 stages, ldmatrix", "multi_item_ms": 14.9, "flash_ms": 0.8, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
+            ("fixtures-cuda-bfloat16-flash-cublas.json", json!({"backend": "cuda", "dtype": "bfloat16", "attention": "flash", "matmul": "cublas", "elementwise": "burn", "tolerance": 0.03, "cases": [{"case": "a", "reference_rel_error": 0.004, "ok": true}, {"case": "b", "reference_rel_error": 0.05, "ok": false}, {"case": "c", "error": "HTTP 500", "ok": false}], "failed": 2})),
+            ("attention-tile.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "128x32, 2 stages, ldmatrix", "multi_item_ms": 14.9, "flash_ms": 0.6, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
+        ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_results_folder_becomes_bars_and_load_points() {
+        let results = Results::read(&test_folders::suite_like("read")).unwrap();
+        assert_eq!(results.device.as_deref(), Some("H100"));
+        let bar = |label: &str| results.bars.iter().find(|b| b.label == label).unwrap_or_else(|| panic!("no bar {label}: {:?}", results.bars)).clone();
+        assert_eq!(bar("tally cuda bf16 kernel"), Bar { scenario: "s1".into(), label: "tally cuda bf16 kernel".into(), items_per_second: 849.0, peer: false, pass_tokens: None });
+        // No warm request: the cold one stands in.
+        assert_eq!(bar("tally cpu f32 cascade").items_per_second, 30.0);
+        assert!(bar("PyTorch packed mask bf16").peer);
+        assert_eq!(bar("PyTorch padded bf16").items_per_second, 82.0);
+        assert_eq!(results.bars.len(), 4, "attention results are not scenario bars");
+        // The row kernel's time, the same in both files, once; each flash tile its own; fastest first.
+        let attention: Vec<(&str, f64)> = results.attention.iter().map(|bar| (bar.label.as_str(), bar.ms)).collect();
+        assert_eq!(attention, [
+            ("flash bf16 128x32: flash, tensor cores, ldmatrix, 2 stages", 0.6),
+            ("flash bf16 64x16: flash, tensor cores, ldmatrix, 2 stages", 0.8),
+            ("kernel bf16: kernel", 14.9),
+        ]);
+        assert_eq!(results.load, vec![LoadPoint { items_per_second: 1000.0, p99_ms: 120.0 }, LoadPoint { items_per_second: 3000.0, p99_ms: 400.0 }]);
+        let scenarios: Vec<(&str, usize)> = results.by_scenario().into_iter().map(|(name, bars)| (name, bars.len())).collect();
+        assert_eq!(scenarios, [("s1", 3), ("s2", 1)]);
+        // A case that could not run counts against the passes, not in the worst error.
+        assert_eq!(results.fixtures, [FixtureRun { label: "cuda bf16 flash cublas burn".into(), passed: 1, cases: 3, worst_error: 0.05, tolerance: 0.03 }]);
+    }
+
+    #[test]
+    fn runs_alike_but_for_their_passes_are_named_apart() {
+        let run = |tokens: u64, attention: &str, rate: f64| json!({"benchmark": "scenario", "scenario": "s1", "backend": "cuda", "dtype": "bfloat16", "attention": attention, "max_batch_tokens": tokens, "warm_median": {"items_per_second": rate}});
+        let dir = test_folders::folder("passes", &[("one-pass.json", run(60_000, "flash", 9000.0)), ("split.json", run(8192, "flash", 7000.0)), ("kernel.json", run(60_000, "kernel", 900.0))]);
+        let labels: Vec<String> = Results::read(&dir).unwrap().bars.into_iter().map(|bar| bar.label).collect();
+        assert_eq!(labels, ["tally cuda bf16 kernel", "tally cuda bf16 flash, 60000-token passes", "tally cuda bf16 flash, 8192-token passes"]);
+    }
+
+    #[test]
+    fn a_missing_folder_is_an_error() {
+        let dir = test_folders::folder("missing", &[]);
+        assert!(Results::read(&dir.join("missing")).unwrap_err().to_string().contains("cannot read the results folder"));
+    }
+}
