@@ -13,8 +13,10 @@
 //!
 //! Burn's and CubeK's kernels are generated too (CubeCL's expansion runs for them) but not
 //! compiled: they are their projects' to build. Any kernel CubeCL cannot generate fails the test,
-//! Burn's too: on a device that launch fails on CubeCL's stream thread, which logs it and goes
-//! on, and the kernel's output is never written.
+//! Burn's too, and so does any launch the driver would refuse (an empty grid, one past CUDA's
+//! limits, too many units a cube): on a device such a launch fails on CubeCL's stream thread,
+//! which logs it and goes on, and the kernel's output is never written. The fixture passes include
+//! items with no query (`item_first`), where an empty grid was once launched on the H100.
 //!
 //! Needs NVRTC and `ptxas` from a CUDA 13 toolkit: its folder in `TALLY_CUDA_TOOLKIT`, with its
 //! `lib` on `LD_LIBRARY_PATH` (cudarc loads NVRTC by name). `tests/cuda_toolkit.sh` installs one
@@ -40,6 +42,7 @@ mod scoring_pass;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use burn_cubecl::cubecl::server::CubeCount;
 use burn_cubecl::{CubeBackend, FloatElement};
 use burn_fusion::Fusion;
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
@@ -236,8 +239,17 @@ fn every_kernel_compiles_for_sm_90a(toolkit: &Toolkit) {
         })
         .collect();
     assert!(failures.is_empty(), "{} of tally's {} kernels do not build for sm_90a:\n{}", failures.len(), compiled.len(), failures.join("\n\n"));
-    let not_generated = offline_cuda::failed();
-    assert!(not_generated.is_empty(), "CubeCL could not generate {} kernels for CUDA:\n{}", not_generated.len(), not_generated.join("\n\n"));
+    let failed = offline_cuda::failed();
+    assert!(failed.is_empty(), "{} launches CubeCL could not generate or CUDA would refuse:\n{}", failed.len(), failed.join("\n\n"));
+}
+
+/// The offline server's check of a launch's grid, at the edges of what CUDA takes.
+fn grids_cuda_refuses_are_failures() {
+    let refused = |x, y, z| offline_cuda::refused_grid(&CubeCount::Static(x, y, z)).is_some();
+    assert!(!refused(1, 1, 1) && !refused(i32::MAX as u32, 65_535, 65_535), "grids CUDA takes");
+    for (x, y, z) in [(0, 1, 1), (4, 0, 1), (4, 1, 0), (1 << 31, 1, 1), (1, 65_536, 1), (1, 1, 65_536)] {
+        assert!(refused(x, y, z), "({x}, {y}, {z}) is refused by CUDA");
+    }
 }
 
 fn main() {
@@ -264,5 +276,9 @@ fn main() {
         Ok(())
     })
     .with_ignored_flag(!available);
-    libtest_mimic::run(&args, vec![trial]).exit()
+    let grids = libtest_mimic::Trial::test("grids_cuda_refuses_are_failures", || {
+        grids_cuda_refuses_are_failures();
+        Ok(())
+    });
+    libtest_mimic::run(&args, vec![trial, grids]).exit()
 }

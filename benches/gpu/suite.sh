@@ -266,5 +266,7 @@ chart_stage() {
 for name in $stages; do
     case " $all_stages " in *" $name "*) stage $name ${name}_stage ;; *) echo "unknown stage: $name (stages: $all_stages)"; failures=$((failures + 1)) ;; esac
 done
+# Every stage's outcome on one line, under the summary table.
+echo "stages: $(sed -E 's/.*"stage":"([^"]*)","status":"([^"]*)","seconds":([0-9]+).*/\1 \2 \3 s/' "$out/stages.jsonl" 2>/dev/null | paste -sd, - | sed 's/,/, /g')"
 echo "suite: $failures stage(s) failed; results in $OUT/suite-results.tgz"
 exit $failures

@@ -29,6 +29,8 @@ pub struct Bar {
 pub struct AttentionBar {
     pub label: String,
     pub ms: f64,
+    /// The useful work's rate (the FLOPs of each row's visible keys only), where recorded.
+    pub tflops: Option<f64>,
 }
 
 /// One `bench load` run: the rate it sustained and its tail latency.
@@ -105,13 +107,14 @@ impl Results {
                 // stages). A route the same in several files (the row kernel and the cascade in
                 // every file of a dtype) is drawn once.
                 let size = text("tile").split(',').next().unwrap_or_default().to_owned();
-                for (route, key) in [("kernel", "multi_item_ms"), ("tiled", "tiled_ms"), ("flash", "flash_ms"), ("cascade", "cascade_ms")] {
-                    let Some(ms) = result[key].as_f64() else { continue };
+                for (route, key) in [("kernel", "multi_item"), ("tiled", "tiled"), ("flash", "flash"), ("cascade", "cascade")] {
+                    let Some(ms) = result[format!("{key}_ms")].as_f64() else { continue };
+                    let tflops = result[format!("{key}_tflops")].as_f64();
                     let launched = result["launched"][route].as_str().unwrap_or(route);
                     let tile = if matches!(route, "tiled" | "flash") { format!(" {size}") } else { String::new() };
                     let label = format!("{route} {}{tile}: {launched}", short_dtype(&text("dtype")));
                     if !self.attention.iter().any(|bar| bar.label == label) {
-                        self.attention.push(AttentionBar { label, ms });
+                        self.attention.push(AttentionBar { label, ms, tflops });
                     }
                 }
             }
@@ -199,7 +202,7 @@ pub(crate) mod test_folders {
             ("load-qps100.json", json!({"benchmark": "load", "items_per_second": 1000.0, "latency_ms": {"p50": 50.0, "p99": 120.0}})),
             ("attention.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "64x16, 2 stages, ldmatrix", "multi_item_ms": 14.9, "flash_ms": 0.8, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
             ("fixtures-cuda-bfloat16-flash-cublas.json", json!({"backend": "cuda", "dtype": "bfloat16", "attention": "flash", "matmul": "cublas", "elementwise": "burn", "tolerance": 0.03, "cases": [{"case": "a", "reference_rel_error": 0.004, "ok": true}, {"case": "b", "reference_rel_error": 0.05, "ok": false}, {"case": "c", "error": "HTTP 500", "ok": false}], "failed": 2})),
-            ("attention-tile.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "128x32, 2 stages, ldmatrix", "multi_item_ms": 14.9, "flash_ms": 0.6, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
+            ("attention-tile.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "128x32, 2 stages, ldmatrix", "multi_item_ms": 14.9, "flash_ms": 0.6, "flash_tflops": 277.3, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
         ])
     }
 }

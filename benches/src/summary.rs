@@ -26,9 +26,10 @@ pub fn table(results: &Results) -> String {
         out.push('\n');
     }
     if !results.attention.is_empty() {
-        let _ = writeln!(out, "| one layer's attention: route, dtype, tile: what launched | ms (goal {ATTENTION_GOAL_MS}) |\n|---|---:|");
+        let _ = writeln!(out, "| one layer's attention: route, dtype, tile: what launched | ms (goal {ATTENTION_GOAL_MS}) | useful TFLOP/s |\n|---|---:|---:|");
         for bar in &results.attention {
-            let _ = writeln!(out, "| {} | {:.3} |", bar.label, bar.ms);
+            let tflops = bar.tflops.map_or("—".to_owned(), |rate| format!("{rate:.1}"));
+            let _ = writeln!(out, "| {} | {:.3} | {tflops} |", bar.label, bar.ms);
         }
         out.push('\n');
     }
@@ -80,7 +81,8 @@ mod tests {
         assert!(table.contains(&s1.join("\n")), "{table}");
         // S2 has no peer to compare with.
         assert!(table.contains("| tally cpu f32 cascade | 30 | — |"), "{table}");
-        assert!(table.contains("| flash bf16 128x32: flash, tensor cores, ldmatrix, 2 stages | 0.600 |"), "{table}");
+        assert!(table.contains("| flash bf16 128x32: flash, tensor cores, ldmatrix, 2 stages | 0.600 | 277.3 |"), "{table}");
+        assert!(table.contains("| kernel bf16: kernel | 14.900 | — |"), "{table}");
         assert!(table.contains("| cuda bf16 flash cublas burn | 1/3 ✗ | 5.0e-2 | 3e-2 |"), "{table}");
         assert!(table.contains("| 1,000 | 120 |\n| 3,000 | 400 |"), "{table}");
     }

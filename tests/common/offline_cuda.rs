@@ -3,7 +3,8 @@
 //! compiler, and a server whose every launch compiles its kernel to CUDA C++ and keeps the
 //! source instead of running it. Memory holds nothing (reads give zeros), so whatever runs on it
 //! — a kernel alone or a whole model through Burn — produces every kernel the real CUDA runtime
-//! would compile for the same shapes, for NVRTC and `ptxas` to check offline.
+//! would compile for the same shapes, for NVRTC and `ptxas` to check offline. A launch the
+//! driver would refuse (an empty grid or one past its limits) is recorded as a failure too.
 //!
 //! Why not CubeCL's CUDA runtime itself: its server initialises the CUDA driver on creation, and
 //! a kernel is defined only through a client (`define()` reads the client's device properties).
@@ -33,6 +34,7 @@ use cubecl_runtime::logging::ServerLogger;
 use cubecl_runtime::memory_management::{ManagedMemoryHandle, MemoryAllocationMode, MemoryUsage};
 use cubecl_runtime::storage::{BytesResource, BytesStorage, ManagedResource};
 use cubecl_runtime::timestamp_profiler::TimestampProfiler;
+use cubecl_runtime::validation::{validate_cube_dim, validate_units};
 
 /// The compute capability compiled for: the H100 the GPU suite runs on (`sm_90a`).
 pub const ARCH: u32 = 90;
@@ -66,7 +68,7 @@ impl CudaSource {
 
 /// Every distinct kernel compiled so far in this process, by source.
 static COMPILED: Mutex<BTreeMap<String, CudaSource>> = Mutex::new(BTreeMap::new());
-/// Kernels CubeCL could not generate, with what was running ([`running`]).
+/// Launches that failed ([`failed`]), with what was running ([`running`]).
 static FAILED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static RUNNING: Mutex<String> = Mutex::new(String::new());
 
@@ -75,9 +77,9 @@ pub fn compiled() -> Vec<CudaSource> {
     COMPILED.lock().unwrap().values().cloned().collect()
 }
 
-/// The kernels CubeCL failed to generate so far (name, what was running, why). On a real
-/// device such a launch fails on the device's thread, where CubeCL logs it and goes on: the
-/// output is never written.
+/// The launches that failed so far (kernel, what was running, why): kernels CubeCL could not
+/// generate and grids or cubes the driver would refuse. On a real device such a launch fails on
+/// the device's thread, where CubeCL logs it and goes on: the output is never written.
 pub fn failed() -> Vec<String> {
     FAILED.lock().unwrap().clone()
 }
@@ -200,12 +202,18 @@ impl<const ID: u16> ComputeServer for OfflineServer<ID> {
         Err(ServerError::Generic { reason: "the offline CUDA runtime holds no memory".into(), backtrace: Default::default() })
     }
 
-    unsafe fn launch(&mut self, kernel: Self::Kernel, _: CubeCount, _: KernelArguments, mode: ExecutionMode, _: StreamId) {
+    unsafe fn launch(&mut self, kernel: Self::Kernel, count: CubeCount, _: KernelArguments, mode: ExecutionMode, _: StreamId) {
         let compile = || kernel.compile(&mut CudaCompiler::default(), &self.options, mode, kernel.address_type());
-        let why = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(compile)) {
-            Ok(Ok(compiled)) => return keep(kernel.name(), compiled),
-            Ok(Err(error)) => format!("{error:?}"),
-            Err(panic) => panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default(),
+        // What CubeCL's CUDA context checks before it compiles, then what the driver checks.
+        let properties = &self.utilities.properties;
+        let mut id = kernel.id();
+        id.mode(mode);
+        let refused = validate_cube_dim(properties, &id).and_then(|()| validate_units(properties, &id)).err().map(|error| format!("{error:?}")).or_else(|| refused_grid(&count));
+        let why = match (refused, std::panic::catch_unwind(std::panic::AssertUnwindSafe(compile))) {
+            (Some(refused), _) => refused,
+            (None, Ok(Ok(compiled))) => return keep(kernel.name(), compiled),
+            (None, Ok(Err(error))) => format!("{error:?}"),
+            (None, Err(panic)) => panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default(),
         };
         // The kernel's id spells out what it was asked to generate (for a fused kernel: its ops).
         FAILED.lock().unwrap().push(format!("{} (while running {}): {}\nkernel: {:?}", kernel.name(), RUNNING.lock().unwrap(), why.trim(), kernel.id()));
@@ -230,6 +238,16 @@ impl<const ID: u16> ComputeServer for OfflineServer<ID> {
     }
 
     fn allocation_mode(&mut self, _: MemoryAllocationMode, _: StreamId) {}
+}
+
+/// Why the driver would refuse a launch of `count` cubes (`cuLaunchKernel`:
+/// `CUDA_ERROR_INVALID_VALUE`), which CubeCL passes on unchecked: an empty grid (a kernel over
+/// zero elements) or one past the grid's limits. A count read from a buffer is not known here.
+pub fn refused_grid(count: &CubeCount) -> Option<String> {
+    let CubeCount::Static(x, y, z) = *count else { return None };
+    let (max_x, max_y, max_z) = CudaRuntime::max_cube_count();
+    let refused = x == 0 || y == 0 || z == 0 || x > max_x || y > max_y || z > max_z;
+    refused.then(|| format!("a grid of ({x}, {y}, {z}) cubes, which CUDA refuses (at least 1 and at most ({max_x}, {max_y}, {max_z}))"))
 }
 
 fn keep(kernel_type: &'static str, compiled: CompiledKernel<CudaCompiler>) {
