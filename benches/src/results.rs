@@ -95,9 +95,13 @@ impl Results {
             Some("scenario") => {
                 let timing = if result["warm_median"].is_object() { &result["warm_median"] } else { &result["cold"] };
                 if let Some(rate) = timing["items_per_second"].as_f64() {
-                    let cublas = if text("matmul") == "cublas" { " cublas" } else { "" };
+                    // The matmul route when not CubeCL's autotuned one (cuBLASLt, the register-block kernel).
+                    let matmul = match text("matmul").as_str() {
+                        "" | "cubecl" => String::new(),
+                        other => format!(" {other}"),
+                    };
                     let elementwise = if text("elementwise") == "kernels" { " ew-kernels" } else { "" };
-                    let label = format!("tally {} {} {}{cublas}{elementwise}", text("backend"), short_dtype(&text("dtype")), text("attention"));
+                    let label = format!("tally {} {} {}{matmul}{elementwise}", text("backend"), short_dtype(&text("dtype")), text("attention"));
                     let pass_tokens = result["max_batch_tokens"].as_u64();
                     self.bars.push(Bar { scenario: text("scenario"), label: label.trim_end().to_owned(), items_per_second: rate, peer: false, pass_tokens });
                 }
@@ -196,7 +200,8 @@ pub(crate) mod test_folders {
     pub fn suite_like(test: &str) -> PathBuf {
         folder(test, &[
             ("scenario-s1.json", json!({"benchmark": "scenario", "scenario": "s1", "backend": "cuda", "dtype": "bfloat16", "attention": "kernel", "device": "H100", "cold": {"items_per_second": 2.0}, "warm_median": {"items_per_second": 849.0}})),
-            ("scenario-s2-cold.json", json!({"benchmark": "scenario", "scenario": "s2", "backend": "cpu", "dtype": "float32", "attention": "cascade", "cold": {"items_per_second": 30.0}, "warm_median": null})),
+            ("scenario-s2-cold.json", json!({"benchmark": "scenario", "scenario": "s2", "backend": "cpu", "dtype": "float32", "attention": "cascade", "matmul": "cubecl", "cold": {"items_per_second": 30.0}, "warm_median": null})),
+            ("scenario-s2-block.json", json!({"benchmark": "scenario", "scenario": "s2", "backend": "wgpu", "dtype": "float32", "attention": "kernel", "matmul": "block", "warm_median": {"items_per_second": 40.0}})),
             ("peers-s1.json", json!({"benchmark": "PyTorch peers (HF transformers, SDPA)", "scenario": "s1", "dtype": "bfloat16", "peers": {"packed_mask": {"items_per_second": 2410.0}, "padded": {"items_per_second": 82.0}}})),
             ("load-qps300.json", json!({"benchmark": "load", "items_per_second": 3000.0, "latency_ms": {"p50": 90.0, "p99": 400.0}})),
             ("load-qps100.json", json!({"benchmark": "load", "items_per_second": 1000.0, "latency_ms": {"p50": 50.0, "p99": 120.0}})),
@@ -220,9 +225,10 @@ mod tests {
         assert_eq!(bar("tally cuda bf16 kernel"), Bar { scenario: "s1".into(), label: "tally cuda bf16 kernel".into(), items_per_second: 849.0, peer: false, pass_tokens: None });
         // No warm request: the cold one stands in.
         assert_eq!(bar("tally cpu f32 cascade").items_per_second, 30.0);
+        assert_eq!(bar("tally wgpu f32 kernel block").items_per_second, 40.0);
         assert!(bar("PyTorch packed mask bf16").peer);
         assert_eq!(bar("PyTorch padded bf16").items_per_second, 82.0);
-        assert_eq!(results.bars.len(), 4, "attention results are not scenario bars");
+        assert_eq!(results.bars.len(), 5, "attention results are not scenario bars");
         // The row kernel's time, the same in both files, once; each flash tile its own; fastest first.
         let attention: Vec<(&str, f64)> = results.attention.iter().map(|bar| (bar.label.as_str(), bar.ms)).collect();
         assert_eq!(attention, [
@@ -232,7 +238,7 @@ mod tests {
         ]);
         assert_eq!(results.load, vec![LoadPoint { items_per_second: 1000.0, p99_ms: 120.0 }, LoadPoint { items_per_second: 3000.0, p99_ms: 400.0 }]);
         let scenarios: Vec<(&str, usize)> = results.by_scenario().into_iter().map(|(name, bars)| (name, bars.len())).collect();
-        assert_eq!(scenarios, [("s1", 3), ("s2", 1)]);
+        assert_eq!(scenarios, [("s1", 3), ("s2", 2)]);
         // A case that could not run counts against the passes, not in the worst error.
         assert_eq!(results.fixtures, [FixtureRun { label: "cuda bf16 flash cublas burn".into(), passed: 1, cases: 3, worst_error: 0.05, tolerance: 0.03 }]);
     }
