@@ -14,7 +14,7 @@ pub fn table(results: &Results) -> String {
     let _ = writeln!(out, "## Summary — {device}\n");
     for (scenario, bars) in results.by_scenario() {
         let goal = SCENARIO_GOALS.iter().find(|(name, _)| *name == scenario).map(|(_, goal)| *goal);
-        let best_peer = bars.iter().filter(|bar| bar.peer).map(|bar| bar.items_per_second).fold(None, |best: Option<f64>, rate| Some(best.map_or(rate, |b| b.max(rate))));
+        let best_peer = bars.iter().filter(|bar| bar.peer).map(|bar| bar.items_per_second).max_by(f64::total_cmp);
         let goal_header = goal.map_or(String::new(), |goal| format!(" (goal {})", thousands(goal)));
         let _ = writeln!(out, "| {} run | items/s{goal_header} | × best PyTorch peer |\n|---|---:|---:|", scenario.to_uppercase());
         let mut bars = bars;

@@ -203,20 +203,25 @@ impl<const ID: u16> ComputeServer for OfflineServer<ID> {
     }
 
     unsafe fn launch(&mut self, kernel: Self::Kernel, count: CubeCount, _: KernelArguments, mode: ExecutionMode, _: StreamId) {
-        let compile = || kernel.compile(&mut CudaCompiler::default(), &self.options, mode, kernel.address_type());
-        // What CubeCL's CUDA context checks before it compiles, then what the driver checks.
+        // What CubeCL's CUDA context checks before it compiles, then what the driver checks; a
+        // launch either would refuse is not compiled.
         let properties = &self.utilities.properties;
         let mut id = kernel.id();
         id.mode(mode);
         let refused = validate_cube_dim(properties, &id).and_then(|()| validate_units(properties, &id)).err().map(|error| format!("{error:?}")).or_else(|| refused_grid(&count));
-        let why = match (refused, std::panic::catch_unwind(std::panic::AssertUnwindSafe(compile))) {
-            (Some(refused), _) => refused,
-            (None, Ok(Ok(compiled))) => return keep(kernel.name(), compiled),
-            (None, Ok(Err(error))) => format!("{error:?}"),
-            (None, Err(panic)) => panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default(),
+        let why = match refused {
+            Some(refused) => refused,
+            None => {
+                let compile = || kernel.compile(&mut CudaCompiler::default(), &self.options, mode, kernel.address_type());
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(compile)) {
+                    Ok(Ok(compiled)) => return keep(kernel.name(), compiled),
+                    Ok(Err(error)) => format!("{error:?}"),
+                    Err(panic) => panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default(),
+                }
+            }
         };
         // The kernel's id spells out what it was asked to generate (for a fused kernel: its ops).
-        FAILED.lock().unwrap().push(format!("{} (while running {}): {}\nkernel: {:?}", kernel.name(), RUNNING.lock().unwrap(), why.trim(), kernel.id()));
+        FAILED.lock().unwrap().push(format!("{} (while running {}): {}\nkernel: {id:?}", kernel.name(), RUNNING.lock().unwrap(), why.trim()));
     }
 
     fn flush(&mut self, _: StreamId) -> Result<(), ServerError> {
