@@ -53,3 +53,60 @@ fn a_short_soak_loses_nothing_and_the_server_drains_on_sigterm() {
     assert_eq!(result["server_exit"]["code"], json!(0), "{result:#}");
     assert!(result["valid_scored"].as_u64().unwrap() > 0 && result["rss_mib"]["max"].as_f64().unwrap() > 0.0, "{result:#}");
 }
+
+/// `--cuda-profiler-range` (the GPU suite's ncu stage) is refused up front where there is no
+/// CUDA profiler, before any request runs, with a message that says why.
+#[test]
+fn the_scenario_refuses_a_cuda_profiler_range_off_cuda() {
+    let model = common::model("tied-gqa");
+    let out = tally(&["bench", "scenario", "--model", model.to_str().unwrap(), "--scenario", "s2", "--requests", "1", "--items", "2", "--cuda-profiler-range"], "");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--cuda-profiler-range needs --backend cuda"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("cold"), "no request should have run");
+}
+
+/// `benches/gpu/ncu_table.py` on a details page as ncu writes it (its own messages first,
+/// thousands separators, durations in two units, `n/a`, a tensor-pipe metric on one kernel):
+/// launches grouped by kernel, sorted by time, throughputs averaged weighted by duration.
+#[test]
+fn the_ncu_table_groups_launches_by_kernel_and_weights_by_duration() {
+    let header = r#""ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value""#;
+    let row = |id: u32, kernel: &str, metric: &str, unit: &str, value: &str| {
+        format!(r#""{id}","7","tally","h","{kernel}","1","13","(128, 1, 1)","(313, 8, 1)","0","9.0","S","{metric}","{unit}","{value}""#)
+    };
+    let (flash, gemm) = ("flash_attention_kernel_f_bf16_n_8", "sm90_xmma_gemm_bf16bf16");
+    let lines = [
+        "==PROF== Connected to process 7".to_owned(),
+        "scenario S1: the program's own output".to_owned(),
+        header.to_owned(),
+        row(0, flash, "Duration", "nsecond", "612,000"),
+        row(0, flash, "Compute (SM) Throughput", "%", "70.5"),
+        row(0, flash, "Memory Throughput", "%", "40"),
+        row(0, flash, "Registers Per Thread", "register/thread", "168"),
+        row(0, flash, "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "%", "55"),
+        row(1, gemm, "Duration", "usecond", "150.5"),
+        row(1, gemm, "Compute (SM) Throughput", "%", "n/a"),
+        row(2, flash, "Duration", "nsecond", "588,000"),
+        row(2, flash, "Compute (SM) Throughput", "%", "20.5"),
+        row(2, flash, "Memory Throughput", "%", "30"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("details.csv");
+    std::fs::write(&csv, lines.join("\n")).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/gpu/ncu_table.py");
+    let out = std::process::Command::new("python3").arg(script).arg(&csv).output().expect("python3 runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("3 profiled launches of 2 kernels, 1.35 ms in all"), "{table}");
+    let rows: Vec<&str> = table.lines().filter(|line| line.starts_with("| 1 ") || line.starts_with("| 2 ")).collect();
+    // flash: 2 launches, 1.2 ms, 88.9 %; SM (70.5·612 + 20.5·588) / 1200 = 46.0, memory 35.1:
+    // both under 60 %, so latency-bound; its tensor pipe 55 %; 168 registers.
+    assert!(rows[0].starts_with(&format!("| 1 | `{flash}` | 2 | 1.200 | 88.9 % | 600.0 | 46.0 | 35.1 | — | — | 55.0 | latency |")), "{table}");
+    assert!(rows[0].contains("| 168 | (128, 1, 1) | (313, 8, 1) |"), "{table}");
+    assert!(rows[1].starts_with(&format!("| 2 | `{gemm}` | 1 | 0.150 | 11.1 % | 150.5 | — |")), "{table}");
+
+    std::fs::write(&csv, "==ERROR== the application exited before any kernel was profiled\n").unwrap();
+    let out = std::process::Command::new("python3").arg(script).arg(&csv).output().expect("python3 runs");
+    assert!(!out.status.success(), "a report with no launches is a failed stage");
+}

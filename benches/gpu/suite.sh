@@ -6,12 +6,13 @@
 #   TALLY_SUITE_DRY_RUN=1 benches/gpu/suite.sh   # here, on the CPU with the tiny preset
 #
 # Stages (TALLY_SUITE_STAGES, run in the order given; default all, the headline numbers first): env
-# scenario profile peers attention fixtures kernels coldstart load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_MATMULS (cubecl cublas),
+# scenario profile ncu peers attention fixtures kernels coldstart load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_MATMULS (cubecl cublas),
 # TALLY_SUITE_ATTENTIONS (flash tiled kernel cascade; the first is the one profiled and split),
 # TALLY_SUITE_TILES (the tile kernels' other tile shapes the attention stage times), TALLY_SUITE_SCENARIOS (s1 s2), TALLY_SUITE_CASES and
 # TALLY_SUITE_PEER_SCENARIOS narrow them, TALLY_SUITE_KERNEL_TESTS the kernel stage's test
 # executables (kernels kernels_f16 models_on_gpu). TALLY_SUITE_TILE_FLAGS adds flags to every command that
 # runs the tile kernels (e.g. "--fragment-loads elements" should ldmatrix fail on a machine).
+# TALLY_SUITE_NCU_LAUNCHES (80) and TALLY_SUITE_NCU_SECONDS (300) bound the ncu stage.
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,7 +24,7 @@ out=/tmp/tally-suite/results
 # TALLY_SUITE_KEEP=1 adds to the results of an earlier invocation on the same machine.
 [ "${TALLY_SUITE_KEEP:-0}" = 1 ] || rm -rf "$out"
 mkdir -p "$OUT" "$out"
-all_stages="env scenario profile peers attention fixtures kernels coldstart load wgpu chart"
+all_stages="env scenario profile ncu peers attention fixtures kernels coldstart load wgpu chart"
 stages=${TALLY_SUITE_STAGES:-$all_stages}
 attentions=${TALLY_SUITE_ATTENTIONS:-flash tiled kernel cascade}
 scenarios=${TALLY_SUITE_SCENARIOS:-s1 s2}
@@ -157,6 +158,43 @@ profile_stage() {
         rm -f $bin/$name.log
     done
     return $ok
+}
+
+# Nsight Compute on the first kernels of one warm S1 item pass (first matmul route, first attention
+# route): `bench scenario --cuda-profiler-range` brackets one more request whose query is a
+# prefix-cache hit, so only its item pass runs inside the range, and ncu profiles the first
+# $ncu_launches launches there (the first layers; every layer runs the same kernels) with the
+# speed-of-light, occupancy and launch sections, plus the tensor pipes' busy share where this ncu
+# knows those metrics. Clocks are left alone (METHOD.md). The table: ncu-*.md.
+ncu_launches=${TALLY_SUITE_NCU_LAUNCHES:-80}
+ncu_stage() {
+    make_model || return 1
+    local dtype=${gpu_dtypes##* } attention=${attentions%% *} matmul=${matmuls%% *}
+    local name=ncu-s1-$gpu-$dtype-$attention-$matmul
+    local scenario=("$cuda" bench scenario --model $model --scenario s1 --items $items --requests 1 --backend $gpu --dtype $dtype
+        --attention $attention --matmul $matmul "${tile_flags[@]}" --cuda-profiler-range)
+    if [ "$dry" = 1 ]; then
+        # The rehearsal has no ncu and no CUDA: the scenario must refuse the range clearly.
+        echo "ncu: not in the rehearsal; checking that a run without CUDA refuses --cuda-profiler-range"
+        if "${scenario[@]}" >"$out/$name.stdout" 2>&1; then echo "it ran without CUDA"; return 1; fi
+        grep "needs --backend cuda" "$out/$name.stdout"
+        return
+    fi
+    local ncu
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    [ -n "$ncu" ] || { echo "ncu: not found on this machine"; return 1; }
+    local tensor
+    tensor=$("$ncu" --query-metrics 2>/dev/null | grep -oE '^sm__pipe_tensor_op_[a-z0-9]+_cycles_active' | sort -u \
+        | sed 's/$/.avg.pct_of_peak_sustained_active/' | paste -sd, -)
+    timeout ${TALLY_SUITE_NCU_SECONDS:-300} "$ncu" --profile-from-start off --clock-control none --launch-count $ncu_launches \
+        --section SpeedOfLight --section Occupancy --section LaunchStats ${tensor:+--metrics "$tensor"} -f -o $bin/$name \
+        "${scenario[@]}" >"$out/$name.stdout" 2>&1
+    local status=$?
+    tail -5 "$out/$name.stdout"
+    [ -f $bin/$name.ncu-rep ] || { echo "ncu wrote no report (exit $status)"; return 1; }
+    "$ncu" --import $bin/$name.ncu-rep --csv --page details --print-units base >"$out/$name.csv" || return 1
+    python3 benches/gpu/ncu_table.py "$out/$name.csv" --title "ncu: S1 item pass, first $ncu_launches launches, $gpu $dtype, $attention attention, $matmul matmuls" \
+        --out "$out/$name.md" && return $status
 }
 
 # The kernel tests on CUDA (built by prepare.sh): each kernel alone against the plain path, then

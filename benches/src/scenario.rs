@@ -39,6 +39,11 @@ pub struct ScenarioArgs {
     /// Where to write the JSON result.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// After the timed requests, one more inside CUDA's profiler range (cuProfilerStart/Stop),
+    /// for `ncu --profile-from-start off`: the last request's query again (a prefix-cache hit, so
+    /// only the item passes run) with new items. Not in the timings. CUDA only.
+    #[arg(long)]
+    pub cuda_profiler_range: bool,
 }
 
 impl ScenarioArgs {
@@ -48,14 +53,23 @@ impl ScenarioArgs {
     }
 }
 
+/// Starts (`true`) or stops a device profiler's range: `--cuda-profiler-range`'s hook, where the
+/// backend has one.
+pub type ProfilerSwitch<'a> = &'a dyn Fn(bool) -> Result<()>;
+
 /// Runs the scenario on a scorer loaded with [`ScenarioArgs::prefix_cache_bytes`]; prints the table
 /// and returns the result.
-pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_on: &RunsOn) -> Result<Value> {
+pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_on: &RunsOn, profiler: Option<ProfilerSwitch>) -> Result<Value> {
     let (static_tokens, suffix_tokens, item_tokens) = match args.scenario {
     Scenario::S1 => (2000, 20, 20),
     Scenario::S2 => (1900, 10, 10),
     };
     ensure!(args.requests > 0 && args.items > 0, "--requests and --items must be positive");
+    let profiler = match (args.cuda_profiler_range, profiler) {
+        (false, _) => None,
+        (true, Some(profiler)) => Some(profiler),
+        (true, None) => anyhow::bail!("--cuda-profiler-range needs --backend cuda (in a build with feature `cuda`)"),
+    };
     let vocab = scorer.preparer().limits().vocab_size as u64;
     // "Yes" / "No" in the Qwen3 tokenizer when the vocabulary has them.
     let labels: Vec<i64> = if vocab > 9454 { vec![9454, 2753] } else { vec![0, 1] };
@@ -64,16 +78,28 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
     let static_prefix = ids(static_tokens);
 
     let mut seconds = Vec::with_capacity(args.requests);
+    let mut query = Vec::new();
     for _ in 0..args.requests {
         // Same static prefix, a new dynamic suffix and new items for every request.
-        let query = [static_prefix.clone(), ids(suffix_tokens)].concat();
+        query = [static_prefix.clone(), ids(suffix_tokens)].concat();
         let items: Vec<Vec<i64>> = (0..args.items).map(|_| ids(item_tokens)).collect();
-        let request = ScoreRequest { query: Query::Ids(query), items: Items::Ids(items), label_token_ids: labels.clone(), apply_softmax: false, item_first: false, model: None };
+        let request = ScoreRequest { query: Query::Ids(query.clone()), items: Items::Ids(items), label_token_ids: labels.clone(), apply_softmax: false, item_first: false, model: None };
         let start = Instant::now();
         let input = scorer.preparer().prepare(&request)?;
         let scores = scorer.score_batch(&[&input])?.remove(0);
         seconds.push(start.elapsed().as_secs_f64());
         ensure!(scores.len() == args.items && scores.iter().flatten().all(|p| p.is_finite()), "scoring returned malformed scores");
+    }
+    if let Some(profiler) = profiler {
+        let items: Vec<Vec<i64>> = (0..args.items).map(|_| ids(item_tokens)).collect();
+        let request = ScoreRequest { query: Query::Ids(query), items: Items::Ids(items), label_token_ids: labels.clone(), apply_softmax: false, item_first: false, model: None };
+        let input = scorer.preparer().prepare(&request)?;
+        profiler(true)?;
+        // Scores are read back before it returns, so every launch of the request has finished.
+        let scores = scorer.score_batch(&[&input]);
+        profiler(false)?;
+        ensure!(scores?.remove(0).len() == args.items, "scoring returned malformed scores");
+        println!("profiled: one more request, its query a prefix-cache hit, inside CUDA's profiler range");
     }
 
     let row = |s: f64| json!({"items_per_second": args.items as f64 / s, "ms_per_item": s * 1e3 / args.items as f64, "total_seconds": s});

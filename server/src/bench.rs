@@ -4,6 +4,7 @@
 use anyhow::Result;
 use serde_json::Value;
 use tally_bench::report::write_json;
+use tally_bench::scenario::ProfilerSwitch;
 use tally_bench::RunsOn;
 use tally_model::ScoringBackend;
 
@@ -34,7 +35,8 @@ impl WithBackend for ScenarioCommand {
 
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Value> {
         let scorer = crate::loading::load_scorer::<B>(&self.bench.model, &device, self.bench.prefix_cache_bytes(), self.bench.max_batch_tokens, &self.device)?;
-        let result = tally_bench::scenario::run(&self.bench, scorer, &runs_on(self.device));
+        let profiler = cuda_profiler(&device);
+        let result = tally_bench::scenario::run(&self.bench, scorer, &runs_on(self.device), profiler.as_ref().map(|switch| switch as ProfilerSwitch));
         #[cfg(feature = "cuda")]
         if let Some(gemms) = tally_model::cublas::profile_table() {
             println!("{gemms}");
@@ -49,6 +51,20 @@ impl WithBackend for AttentionCommand {
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Value> {
         let tile = self.device.tile();
         tally_bench::attention::run::<B>(&self.bench, device, &runs_on(self.device), tile)
+    }
+}
+
+/// CUDA's profiler range on `device`, if it is a CUDA device (`--cuda-profiler-range`).
+fn cuda_profiler<D: 'static>(device: &D) -> Option<impl Fn(bool) -> Result<()> + '_> {
+    #[cfg(feature = "cuda")]
+    {
+        let device = tally_model::cuda::as_cuda_device(device)?;
+        Some(move |active| tally_model::cuda::set_profiling(device, active).map_err(anyhow::Error::from))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = device;
+        None::<fn(bool) -> Result<()>>
     }
 }
 

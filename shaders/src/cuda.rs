@@ -1,13 +1,13 @@
 //! What generic CubeCL code needs to know of CUDA (feature `cublas`): whether a runtime is
-//! CUDA, its tensors typed as CUDA's, and the device's free memory (cudarc, CubeCL's own CUDA
-//! binding).
+//! CUDA, its tensors typed as CUDA's, the device's free memory, and CUDA's profiler switch for
+//! `ncu` (cudarc, CubeCL's own CUDA binding).
 
 use std::any::{Any, TypeId};
 
 use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
-use cudarc::driver::{result as driver, CudaContext};
+use cudarc::driver::{result as driver, sys as driver_sys, CudaContext, DriverError};
 
 pub fn is_cuda<R: CubeRuntime>() -> bool {
     TypeId::of::<R>() == TypeId::of::<CudaRuntime>()
@@ -29,8 +29,22 @@ fn downcast<From: Any, To: Any>(value: From) -> Option<To> {
 
 /// Bytes free on `device` now, if it is a CUDA device the driver answers for.
 pub fn free_memory<R: CubeRuntime>(device: &R::Device) -> Option<u64> {
-    let index = (device as &dyn Any).downcast_ref::<CudaDevice>()?.index;
+    let index = as_cuda_device(device)?.index;
     // Binds the device's primary context (the one CubeCL uses) to this thread.
     let _context = CudaContext::new(index).ok()?;
     driver::mem_get_info().ok().map(|(free, _total)| free as u64)
+}
+
+/// `device` as a CUDA device, if it is one (a backend's device type, known only generically).
+pub fn as_cuda_device(device: &dyn Any) -> Option<&CudaDevice> {
+    device.downcast_ref()
+}
+
+/// Starts (`true`) or stops CUDA's profiler on `device`'s context: `ncu --profile-from-start off`
+/// then profiles only the kernels launched in between.
+pub fn set_profiling(device: &CudaDevice, active: bool) -> Result<(), DriverError> {
+    // Binds the device's primary context (the one CubeCL launches on) to this thread.
+    let _context = CudaContext::new(device.index)?;
+    // SAFETY: no arguments; it acts on the context just made current.
+    unsafe { if active { driver_sys::cuProfilerStart() } else { driver_sys::cuProfilerStop() } }.result()
 }

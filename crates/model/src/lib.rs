@@ -48,6 +48,9 @@ pub use tally_shaders::{set_matmul_route, MatmulRoute};
 /// The cuBLASLt route's availability check and per-shape profile.
 #[cfg(feature = "cublas")]
 pub use tally_shaders::cublas;
+/// CUDA's free memory and profiler switch, for code that only knows it has a device.
+#[cfg(feature = "cublas")]
+pub use tally_shaders::cuda;
 pub use config::{Family, ModelConfig};
 pub use decoder::DecoderModel;
 pub use weight::WeightStorage;
