@@ -59,6 +59,9 @@ fn unsupported_backend_and_dtype_pairs_are_refused() {
     let out = tally(&["score", "--model", tied.to_str().unwrap(), "--request", "-", "--matmul", "cublas"], &request);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--matmul cublas needs --backend cuda"));
+    let out = tally(&["score", "--model", tied.to_str().unwrap(), "--request", "-", "--cublas-ordering", "sync"], &request);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--cublas-ordering applies to --matmul cublas only"));
 }
 
 #[test]

@@ -395,20 +395,31 @@ fn float32_matmuls_stay_float32() {
     check_matmuls(&[([1, 37, 576, 200], false), ([1, 37, 48, 1000], true), ([2, 28, 24, 700], true), ([2, 28, 1000, 64], false)], true);
 }
 
-/// The cuBLASLt route (`--matmul cublas`, CUDA only): called directly, and as
-/// `ScoringBackend::matmul` on both CubeCL backend types with the route picked, float32 kept
-/// float32 (`CUBLAS_COMPUTE_32F`), on the shapes above plus rows, columns and inner dimensions
-/// of one.
+/// The cuBLASLt route (`--matmul cublas`, CUDA only), with its GEMMs on CubeCL's stream and
+/// host-synced: called directly, and as `ScoringBackend::matmul` on both CubeCL backend types
+/// with the route picked, float32 kept float32 (`CUBLAS_COMPUTE_32F`), on the shapes above plus
+/// rows, columns and inner dimensions of one; then GEMMs chained with CubeCL kernels and nothing
+/// read back in between.
 #[cfg(feature = "cuda")]
 fn cublas_matmuls_match_a_float64_product() {
-    use tally_shaders::{set_matmul_route, MatmulRoute};
+    use tally_shaders::cublas::{set_ordering, CublasOrdering};
     assert!(tally_shaders::cublas::available(), "libcublasLt must load on a CUDA machine");
+    for ordering in [CublasOrdering::HostSync, CublasOrdering::Stream] {
+        set_ordering(ordering);
+        cublas_products(ordering);
+        cublas_chain(ordering);
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cublas_products(ordering: tally_shaders::cublas::CublasOrdering) {
+    use tally_shaders::{set_matmul_route, MatmulRoute};
     let cases = [([1, 37, 576, 200], false), ([1, 37, 48, 1000], true), ([2, 28, 24, 700], true), ([2, 28, 1000, 64], false), ([1, 1, 64, 33], false), ([3, 17, 1, 5], true), ([2, 9, 40, 1], false)];
     for (seed, &([batch, m, k, n], rhs_transposed)) in cases.iter().enumerate() {
         let lhs = random(50 + seed as u64, batch * m * k, 1.0);
         let rhs = random(60 + seed as u64, batch * k * n, 1.0);
         let expected = host_matmul(&lhs, &rhs, [batch, m, k, n], rhs_transposed);
-        let what = format!("[{batch}, {m}, {k}] x [{batch}, {k}, {n}], transposed {rhs_transposed}");
+        let what = format!("[{batch}, {m}, {k}] x [{batch}, {k}, {n}], transposed {rhs_transposed}, {ordering:?}");
         let (a, b) = matmul_operands::<Gpu>(&lhs, &rhs, [batch, m, k, n], rhs_transposed);
         let product = tally_shaders::cublas::matmul(cube(a.clone()), cube(b.clone())).expect("cuBLASLt multiplies these shapes");
         assert_close(&host(Tensor::<Gpu, 3>::from_primitive(TensorPrimitive::Float(product))), &expected, 2e-5, &format!("cuBLASLt, {what}"));
@@ -419,6 +430,26 @@ fn cublas_matmuls_match_a_float64_product() {
         let (a, b) = matmul_operands::<Fused>(&lhs, &rhs, [batch, m, k, n], rhs_transposed);
         assert_close(&host(Fused::matmul(a, b)), &expected, 2e-5, &format!("fusion on cuBLASLt, {what}"));
     }
+}
+
+/// `x ← (x/2 + 1/4) · Wᵢ` six times through `ScoringBackend::matmul` on cuBLASLt, read back
+/// only at the end: each GEMM must see the CubeCL kernel before it and the next kernel must see
+/// the GEMM, while the buffers of dropped steps are handed out again. Against float64.
+#[cfg(feature = "cuda")]
+fn cublas_chain(ordering: tally_shaders::cublas::CublasOrdering) {
+    use tally_shaders::{set_matmul_route, MatmulRoute};
+    let (rows, width, steps) = (300, 96, 6);
+    let weights: Vec<Vec<f32>> = (0..steps).map(|step| random(80 + step as u64, width * width, 0.2)).collect();
+    let mut expected = random(79, rows * width, 1.0);
+    let _cubecl_after = CubeclAfter;
+    set_matmul_route(MatmulRoute::Cublas);
+    let mut x = tensor::<Gpu, 2>(&expected, [rows, width]);
+    for weight in &weights {
+        let scaled: Vec<f32> = expected.iter().map(|v| v * 0.5 + 0.25).collect();
+        expected = host_matmul(&scaled, weight, [1, rows, width, width], false);
+        x = Gpu::matmul(x.mul_scalar(0.5).add_scalar(0.25), tensor(weight, [width, width]));
+    }
+    assert_close(&host(x), &expected, 1e-4, &format!("{steps} GEMMs chained with CubeCL kernels, {ordering:?}"));
 }
 
 /// tally's register-block matmul (`--matmul block`) against a float64 product, for every block

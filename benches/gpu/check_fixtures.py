@@ -23,6 +23,11 @@ import urllib.request
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 
 
+def matmul_flags(matmul):
+    """A route name as tally's flags: `cublas-sync` is cuBLASLt with host syncs around each GEMM."""
+    return ["--matmul", "cublas", "--cublas-ordering", "sync"] if matmul == "cublas-sync" else ["--matmul", matmul]
+
+
 class Server:
     """`tally serve` for one model on a free port, stopped on exit."""
 
@@ -31,7 +36,7 @@ class Server:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         # No warm-up: each fixture model would tune its own shapes; the load stage's server warms up.
-        args = [tally, "serve", "--model", str(FIXTURES / "models" / model), "--port", str(self.port), "--backend", backend, "--dtype", dtype, "--attention", attention, "--matmul", matmul, "--elementwise", elementwise, "--no-warmup", *extra]
+        args = [tally, "serve", "--model", str(FIXTURES / "models" / model), "--port", str(self.port), "--backend", backend, "--dtype", dtype, "--attention", attention, *matmul_flags(matmul), "--elementwise", elementwise, "--no-warmup", *extra]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -68,7 +73,8 @@ def main():
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--attention", default="kernel", choices=["kernel", "tiled", "flash", "cascade"])
     parser.add_argument("--elementwise", default="burn", choices=["burn", "kernels"])
-    parser.add_argument("--matmul", default="cubecl", choices=["cubecl", "cublas", "block"])
+    parser.add_argument("--matmul", default="cubecl", choices=["cubecl", "cublas", "cublas-sync", "block"],
+                        help="cublas-sync: cuBLASLt with host syncs around each GEMM (--cublas-ordering sync)")
     parser.add_argument("--tolerance", type=float, default=1e-3)
     parser.add_argument("--packed-tolerance", type=float, default=None, help="packed vs per-item (default: the tolerance / 10)")
     parser.add_argument("--cases", default="", help="only cases whose name contains this")

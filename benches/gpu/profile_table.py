@@ -3,7 +3,7 @@
 
 CubeCL (`CUBECL_DEBUG_OPTION=profile`) prints its cumulative per-kernel table at every sync; the
 last one in the log covers the whole process. cuBLASLt GEMMs are not CubeCL kernels: tally prints
-their table itself (`cuBLASLt GEMMs: ...`) at the end of `bench scenario`, and it is appended.
+their table itself (`cuBLASLt GEMMs (...): ...`) at the end of `bench scenario`, and it is appended.
 
     profile_table.py CUBECL_LOG [--stdout SCENARIO_STDOUT] [--top 20] [--out profile.md]
 """
@@ -82,7 +82,7 @@ def main():
     if args.stdout:
         with open(args.stdout, errors="replace") as f:
             text = f.read()
-        start = text.rfind("cuBLASLt GEMMs:")
+        start = text.rfind("cuBLASLt GEMMs")
         if start >= 0:
             out += ["", text[start:].strip()]
     report = "\n".join(out) + "\n"

@@ -114,6 +114,10 @@ attention_stage() {
     return $ok
 }
 
+# A matmul route as tally's flags: `cublas-sync` is cuBLASLt with two host syncs a GEMM
+# (`--cublas-ordering sync`) where `cublas` enqueues on CubeCL's own stream.
+matmul_flags() { case $1 in cublas-sync) echo "--matmul cublas --cublas-ordering sync" ;; *) echo "--matmul $1" ;; esac; }
+
 model=/tmp/tally-suite/model-$preset
 make_model() { [ -f $model/config.json ] || "$cuda" make-model --preset $preset --out $model >/dev/null; }
 
@@ -129,17 +133,20 @@ scenario_stage() {
             for matmul in $matmuls; do
                 for attention in $attentions; do
                     "$cuda" bench scenario --model $model --scenario $s --items $items --requests $requests --backend $gpu --dtype $dtype \
-                        --attention $attention --matmul $matmul "${tile_flags[@]}" --out "$out/scenario-$s-$gpu-$dtype-$attention-$matmul.json" || ok=1
+                        --attention $attention $(matmul_flags $matmul) "${tile_flags[@]}" --out "$out/scenario-$s-$gpu-$dtype-$attention-$matmul.json" || ok=1
                 done
             done
         done
         for matmul in $matmuls; do
             "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
-                --attention $first_attention --matmul $matmul "${tile_flags[@]}" --max-batch-tokens $split_tokens \
+                --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --max-batch-tokens $split_tokens \
                 --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-$split_tokens-tokens.json" || ok=1
             "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
-                --attention $first_attention --matmul $matmul "${tile_flags[@]}" --elementwise kernels \
+                --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --elementwise kernels \
                 --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-elementwise-kernels.json" || ok=1
+            # cuBLASLt on CubeCL's stream against the same GEMMs with host syncs around each.
+            [ "$matmul" = cublas ] && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+                --attention $first_attention $(matmul_flags cublas-sync) "${tile_flags[@]}" --out "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-sync.json" || ok=1; }
         done
     done
     return $ok
@@ -153,7 +160,7 @@ profile_stage() {
     for matmul in $matmuls; do
         local name=profile-s1-$gpu-$dtype-$attention-$matmul
         CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG=$bin/$name.log "$cuda" bench scenario --model $model --scenario s1 --items $items --requests 1 \
-            --backend $gpu --dtype $dtype --attention $attention --matmul $matmul "${tile_flags[@]}" >"$out/$name.stdout" || ok=1
+            --backend $gpu --dtype $dtype --attention $attention $(matmul_flags $matmul) "${tile_flags[@]}" >"$out/$name.stdout" || ok=1
         python3 benches/gpu/profile_table.py $bin/$name.log --stdout "$out/$name.stdout" --title "S1, one request, $gpu $dtype, $attention attention, $matmul matmuls" --out "$out/$name.md" || ok=1
         rm -f $bin/$name.log
     done
@@ -172,7 +179,7 @@ ncu_stage() {
     local dtype=${gpu_dtypes##* } attention=${attentions%% *} matmul=${matmuls%% *}
     local name=ncu-s1-$gpu-$dtype-$attention-$matmul
     local scenario=("$cuda" bench scenario --model $model --scenario s1 --items $items --requests 1 --backend $gpu --dtype $dtype
-        --attention $attention --matmul $matmul "${tile_flags[@]}" --cuda-profiler-range)
+        --attention $attention $(matmul_flags $matmul) "${tile_flags[@]}" --cuda-profiler-range)
     if [ "$dry" = 1 ]; then
         # The rehearsal has no ncu and no CUDA: the scenario must refuse the range clearly.
         echo "ncu: not in the rehearsal; checking that a run without CUDA refuses --cuda-profiler-range"
@@ -254,7 +261,7 @@ peers_stage() {
 load_stage() {
     make_model || return 1
     local port=18123 ok=0
-    "$cuda" serve --model $model --backend $gpu --dtype $load_dtype --matmul ${matmuls%% *} --port $port --max-queue 100000 >"$out/serve.log" 2>&1 &
+    "$cuda" serve --model $model --backend $gpu --dtype $load_dtype $(matmul_flags ${matmuls%% *}) --port $port --max-queue 100000 >"$out/serve.log" 2>&1 &
     local server=$!
     # The server listens once its warm-up (every pass shape compiled and tuned) is done.
     for _ in $(seq 1200); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
@@ -279,7 +286,7 @@ coldstart_stage() {
     for caches in empty filled; do
         local start server ready
         start=$(date +%s.%N)
-        (cd $run && XDG_CACHE_HOME=$home exec "$cuda" serve --model $model --backend $gpu --dtype $load_dtype --matmul $matmul --port $port) \
+        (cd $run && XDG_CACHE_HOME=$home exec "$cuda" serve --model $model --backend $gpu --dtype $load_dtype $(matmul_flags $matmul) --port $port) \
             >"$out/coldstart-$caches.log" 2>&1 &
         server=$!
         for _ in $(seq 4800); do curl -sf localhost:$port/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 0.25; done

@@ -86,6 +86,17 @@ pub enum Matmul {
     Block,
 }
 
+/// How `--matmul cublas` orders its GEMMs with CubeCL's kernels (`tally_model::cublas::CublasOrdering`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CublasOrdering {
+    /// On the CUDA stream CubeCL launches on (the default): the stream orders them, the host
+    /// never waits.
+    Stream,
+    /// CubeCL's queue drained, each GEMM on a stream of tally's and waited for: two host syncs
+    /// a GEMM (no patched CubeCL needed; for comparison).
+    Sync,
+}
+
 /// How weight matrices are held (`tally_model::WeightForm`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Weights {
@@ -117,6 +128,9 @@ pub struct DeviceArgs {
     pub attention: Attention,
     #[arg(long, value_enum, default_value_t = Matmul::Cubecl)]
     pub matmul: Matmul,
+    /// How `--matmul cublas` orders its GEMMs with CubeCL's kernels (default: stream).
+    #[arg(long, value_enum)]
+    pub cublas_ordering: Option<CublasOrdering>,
     #[arg(long, value_enum, default_value_t = Elementwise::Auto)]
     pub elementwise: Elementwise,
     #[arg(long, value_enum, default_value_t = Weights::Compact)]
@@ -182,6 +196,14 @@ impl DeviceArgs {
         }
     }
 
+    /// `--matmul` as results name it: `cublas-sync` for cuBLASLt with host syncs.
+    pub fn matmul_label(&self) -> String {
+        match (self.matmul, self.cublas_ordering) {
+            (Matmul::Cublas, Some(CublasOrdering::Sync)) => "cublas-sync".to_owned(),
+            (matmul, _) => format!("{matmul:?}").to_lowercase(),
+        }
+    }
+
     /// The tile kernels' tile (`--tile-rows`, `--tile-keys`, `--tile-stages`, `--fragment-loads`).
     pub fn tile(&self) -> tally_model::TileShape {
         // Every size is among those the flags list, so the shape exists.
@@ -197,8 +219,8 @@ pub trait WithBackend {
 }
 
 pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output> {
-    let DeviceArgs { backend, dtype, matmul, .. } = device;
-    pick_matmul(backend, matmul)?;
+    let DeviceArgs { backend, dtype, matmul, cublas_ordering, .. } = device;
+    pick_matmul(backend, matmul, cublas_ordering)?;
     match (backend, dtype) {
         #[cfg(feature = "ndarray")]
         (BackendKind::Cpu, DType::Float32) => job.run::<burn::backend::NdArray<f32>>(Default::default()),
@@ -222,7 +244,8 @@ pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output>
 
 /// Sets the process's matmul route, or says why `--matmul block` or `--matmul cublas` cannot
 /// run on this backend.
-fn pick_matmul(backend: BackendKind, matmul: Matmul) -> Result<()> {
+fn pick_matmul(backend: BackendKind, matmul: Matmul, cublas_ordering: Option<CublasOrdering>) -> Result<()> {
+    anyhow::ensure!(matmul == Matmul::Cublas || cublas_ordering.is_none(), "--cublas-ordering applies to --matmul cublas only");
     match matmul {
         Matmul::Cubecl => return Ok(()),
         Matmul::Block => {
@@ -240,6 +263,10 @@ fn pick_matmul(backend: BackendKind, matmul: Matmul) -> Result<()> {
             "--matmul cublas: libcublasLt could not be loaded; put the CUDA toolkit's lib directory on LD_LIBRARY_PATH"
         );
         tally_model::set_matmul_route(tally_model::MatmulRoute::Cublas);
+        tally_model::cublas::set_ordering(match cublas_ordering.unwrap_or(CublasOrdering::Stream) {
+            CublasOrdering::Stream => tally_model::cublas::CublasOrdering::Stream,
+            CublasOrdering::Sync => tally_model::cublas::CublasOrdering::HostSync,
+        });
     }
     Ok(())
 }

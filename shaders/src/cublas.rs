@@ -5,30 +5,38 @@
 //! device pointers are read from CubeCL's storage, the product is written into a tensor CubeCL
 //! allocated, and cuBLASLt runs on a stream of its own in the same (primary) context.
 //!
-//! Ordering: CubeCL 0.10 does not expose its CUDA stream, so each GEMM waits for CubeCL's
-//! queued work (`client.sync()`), runs, and waits for itself before CubeCL goes on — two host
-//! syncs a GEMM. Cheap next to a 10k-token GEMM; [`profile_table`] shows what they cost, and
-//! upstream's cubecl PR #1440 (a GEMM on CubeCL's own stream) is the way past them.
+//! Ordering ([`CublasOrdering`], `--cublas-ordering`): by default each GEMM is enqueued on the
+//! very CUDA stream CubeCL launches on, through the vendored cubecl-cuda's
+//! `CudaServer::enqueue_foreign` (`vendor/README.md`), so the stream orders it with CubeCL's
+//! kernels and the host never waits. The other way needs no patch: wait for CubeCL's queued work
+//! (`client.sync()`), run on a stream of tally's, wait for the GEMM — two host syncs a GEMM,
+//! each leaving the GPU idle until the host has issued the next work. [`profile_table`] times
+//! both (CUDA events on the shared stream; host time around the synced ones).
 //!
 //! Plans (descriptor, layouts, heuristic algorithm) are cached per shape and stride; the
 //! workspace (32 MiB) is allocated once. float32 runs with `CUBLAS_COMPUTE_32F` (no tf32);
 //! bfloat16 and float16 read 16-bit operands and accumulate in float32.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use burn_backend::{calculate_matmul_output, DType, TensorMetadata};
 use burn_cubecl::cubecl::cuda::CudaRuntime;
+use burn_cubecl::cubecl::device::Device;
+use burn_cubecl::cubecl::device_handle::DeviceHandle;
 use burn_cubecl::cubecl::future::block_on;
+use burn_cubecl::cubecl::stream_id::StreamId;
+use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cudarc::cublaslt::{result as lt, sys};
 
 use crate::blas_layout::{blas_layout, BlasLayout};
-use cudarc::driver::{result as driver, CudaContext, CudaStream, DriverError};
+use cudarc::driver::{result as driver, sys as driver_sys, CudaContext, CudaStream, DriverError};
 
 const WORKSPACE_BYTES: usize = 32 << 20;
 
@@ -46,6 +54,33 @@ pub enum CublasError {
     Driver(#[from] DriverError),
     #[error("CubeCL failed to settle the operands: {0}")]
     CubeCl(String),
+}
+
+/// How a cuBLASLt GEMM is ordered with the CubeCL kernels around it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CublasOrdering {
+    /// Enqueued on CubeCL's own stream (the vendored cubecl-cuda's `enqueue_foreign`): the
+    /// stream orders it, no host sync.
+    #[default]
+    Stream,
+    /// CubeCL's queue drained, the GEMM run on a stream of tally's and waited for: two host
+    /// syncs a GEMM, no patch needed.
+    HostSync,
+}
+
+static HOST_SYNC: AtomicBool = AtomicBool::new(false);
+
+/// Picks how every later GEMM of the process is ordered.
+pub fn set_ordering(ordering: CublasOrdering) {
+    HOST_SYNC.store(ordering == CublasOrdering::HostSync, Ordering::Relaxed);
+}
+
+pub fn ordering() -> CublasOrdering {
+    if HOST_SYNC.load(Ordering::Relaxed) {
+        CublasOrdering::HostSync
+    } else {
+        CublasOrdering::Stream
+    }
 }
 
 /// Whether libcublasLt can be loaded on this machine.
@@ -96,13 +131,40 @@ pub fn matmul(lhs: CubeTensor<CudaRuntime>, rhs: CubeTensor<CudaRuntime>) -> Res
         batch_stride_c: if batch > 1 { out_strides[rank - 3] as i64 } else { 0 },
     };
 
-    let client = out.client.clone();
-    block_on(client.sync()).map_err(|e| CublasError::CubeCl(format!("{e:?}")))?;
-    let resource = |tensor: &CubeTensor<CudaRuntime>| client.get_resource(tensor.handle.clone()).map_err(|e| CublasError::CubeCl(format!("{e:?}")));
-    let (a, b, c) = (resource(&rhs.tensor)?, resource(&lhs.tensor)?, resource(&out)?);
-    let mut engine = engine(out.device.index)?.lock().unwrap_or_else(|e| e.into_inner());
-    engine.run(&key, a.resource().ptr, b.resource().ptr, c.resource().ptr)?;
+    let engine = engine(out.device.index)?;
+    let cubecl_failed = |e: &dyn std::fmt::Debug| CublasError::CubeCl(format!("{e:?}"));
+    match ordering() {
+        CublasOrdering::Stream => {
+            // The stream CubeCL launches this thread's work on; the task may run on its server's thread.
+            let stream_id = StreamId::current();
+            let bindings = [&rhs.tensor, &lhs.tensor, &out].map(|tensor| tensor.handle.clone().binding()).to_vec();
+            DeviceHandle::<<CudaRuntime as Runtime>::Server>::new(out.device.to_id())
+                .submit_blocking(move |server| {
+                    server.enqueue_foreign(stream_id, bindings, |stream, pointers| {
+                        let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+                        engine.run(&key, [pointers[0], pointers[1], pointers[2]], On::Stream(stream))
+                    })
+                })
+                .map_err(|e| cubecl_failed(&e))?
+                .map_err(|e| cubecl_failed(&e))??;
+        }
+        CublasOrdering::HostSync => {
+            let client = out.client.clone();
+            block_on(client.sync()).map_err(|e| cubecl_failed(&e))?;
+            let pointer = |tensor: &CubeTensor<CudaRuntime>| client.get_resource(tensor.handle.clone()).map(|r| r.resource().ptr).map_err(|e| cubecl_failed(&e));
+            let pointers = [pointer(&rhs.tensor)?, pointer(&lhs.tensor)?, pointer(&out)?];
+            engine.lock().unwrap_or_else(|e| e.into_inner()).run(&key, pointers, On::OwnStreamWaited)?;
+        }
+    }
     Ok(out)
+}
+
+/// Where a GEMM runs.
+enum On {
+    /// CubeCL's stream, not waited for.
+    Stream(driver_sys::CUstream),
+    /// The engine's own stream, waited for before returning.
+    OwnStreamWaited,
 }
 
 /// An operand and how cuBLAS reads it, after a contiguous copy if it could not as it was.
@@ -155,14 +217,28 @@ struct PlanKey {
     batch_stride_c: i64,
 }
 
-/// One cuBLASLt handle, stream, workspace and plan cache per device.
+/// One cuBLASLt handle, stream, workspace and plan cache per device. The workspace is shared by
+/// every GEMM: those on CubeCL's stream follow each other there, the synced ones are waited for.
 struct Engine {
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     handle: sys::cublasLtHandle_t,
     workspace: u64,
     plans: HashMap<PlanKey, Plan>,
-    profile: HashMap<(usize, usize, usize, usize), ShapeTimes>,
+    profile: HashMap<Dims, ShapeTimes>,
+    timed: EventTimes,
+}
+
+/// m, n, k, batch.
+type Dims = (usize, usize, usize, usize);
+
+/// Times of GEMMs the host does not wait for: a pair of events around each, read once both
+/// have completed (checked without blocking before each GEMM, waited for by the profile), then
+/// reused: as many pairs as GEMMs in flight.
+#[derive(Default)]
+struct EventTimes {
+    in_flight: VecDeque<(Dims, driver_sys::CUevent, driver_sys::CUevent)>,
+    free: Vec<driver_sys::CUevent>,
 }
 
 // SAFETY: the handle and plans are only used under the engine's mutex.
@@ -198,23 +274,86 @@ fn engine(device: usize) -> Result<&'static Mutex<Engine>, CublasError> {
     let handle = lt::create_handle()?;
     // SAFETY: a plain device allocation in the current (primary) context, kept for the process.
     let workspace = unsafe { driver::malloc_sync(WORKSPACE_BYTES) }?;
-    let engine: &'static Mutex<Engine> = Box::leak(Box::new(Mutex::new(Engine { context, stream, handle, workspace, plans: HashMap::new(), profile: HashMap::new() })));
+    let engine: &'static Mutex<Engine> = Box::leak(Box::new(Mutex::new(Engine { context, stream, handle, workspace, plans: HashMap::new(), profile: HashMap::new(), timed: EventTimes::default() })));
     engines.insert(device, engine);
     Ok(engine)
 }
 
 impl Engine {
-    fn run(&mut self, key: &PlanKey, a: u64, b: u64, c: u64) -> Result<(), CublasError> {
+    /// `c = b · a` in cuBLAS's column-major terms (the row-major `lhs · rhs`), pointers `[a, b, c]`.
+    fn run(&mut self, key: &PlanKey, [a, b, c]: [u64; 3], on: On) -> Result<(), CublasError> {
         self.context.bind_to_thread()?;
         if !self.plans.contains_key(key) {
             let plan = self.plan(key)?;
             self.plans.insert(*key, plan);
         }
+        let dims = (key.m, key.n, key.k, key.batch);
+        let stream = match on {
+            On::Stream(stream) => stream,
+            On::OwnStreamWaited => self.stream.cu_stream(),
+        };
+        let start = Instant::now();
+        let events = match on {
+            On::Stream(_) => {
+                self.read_finished_times(false)?;
+                let (begin, end) = (self.event()?, self.event()?);
+                // SAFETY: live events of this context, recorded on a stream of it.
+                unsafe { driver::event::record(begin, stream) }?;
+                Some((begin, end))
+            }
+            On::OwnStreamWaited => None,
+        };
+        self.gemm(key, [a, b, c], stream)?;
+        self.profile.entry(dims).or_default().calls += 1;
+        match events {
+            Some((begin, end)) => {
+                // SAFETY: as above.
+                unsafe { driver::event::record(end, stream) }?;
+                self.timed.in_flight.push_back((dims, begin, end));
+            }
+            None => {
+                self.stream.synchronize()?;
+                self.profile.entry(dims).or_default().gemm += start.elapsed();
+            }
+        }
+        Ok(())
+    }
+
+    /// An event from the pool, or a new one.
+    fn event(&mut self) -> Result<driver_sys::CUevent, CublasError> {
+        match self.timed.free.pop() {
+            Some(event) => Ok(event),
+            None => Ok(driver::event::create(driver_sys::CUevent_flags::CU_EVENT_DEFAULT)?),
+        }
+    }
+
+    /// Adds the times of the GEMMs whose end event has completed (all of them, waiting, with
+    /// `wait`) to the profile, and returns their events to the pool.
+    fn read_finished_times(&mut self, wait: bool) -> Result<(), CublasError> {
+        while let Some(&(dims, begin, end)) = self.timed.in_flight.front() {
+            // SAFETY: events of this engine's context, recorded and not yet returned to the pool.
+            unsafe {
+                if wait {
+                    driver::event::synchronize(end)?;
+                } else if driver::event::query(end).is_err() {
+                    break; // not yet (CUDA_ERROR_NOT_READY); later ones are later on the stream
+                }
+                let ms = driver::event::elapsed(begin, end)?;
+                self.profile.entry(dims).or_default().gemm += Duration::from_secs_f64(f64::from(ms) / 1e3);
+            }
+            self.timed.in_flight.pop_front();
+            self.timed.free.extend([begin, end]);
+        }
+        Ok(())
+    }
+
+    fn gemm(&self, key: &PlanKey, [a, b, c]: [u64; 3], stream: driver_sys::CUstream) -> Result<(), CublasError> {
         let plan = &self.plans[key];
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let start = Instant::now();
-        // SAFETY: the plan's layouts describe the three CubeCL buffers (held by the caller until
-        // this returns); the workspace is ours; the stream belongs to the current context.
+        // SAFETY: the plan's layouts describe the three CubeCL buffers (alive until this GEMM has
+        // run: the caller holds them until it returns, and memory CubeCL frees is reused only
+        // by work queued after it on the same stream, or after the host sync); the workspace is
+        // ours; the stream belongs to the current context.
         unsafe {
             lt::matmul(
                 self.handle,
@@ -232,13 +371,9 @@ impl Engine {
                 &plan.algo,
                 self.workspace as *mut c_void,
                 WORKSPACE_BYTES,
-                self.stream.cu_stream() as sys::cudaStream_t,
+                stream as sys::cudaStream_t,
             )?;
         }
-        self.stream.synchronize()?;
-        let times = self.profile.entry((key.m, key.n, key.k, key.batch)).or_default();
-        times.calls += 1;
-        times.gemm += start.elapsed();
         Ok(())
     }
 
@@ -291,13 +426,17 @@ fn set_batch(layout: sys::cublasLtMatrixLayout_t, batch: usize, stride: i64) -> 
     Ok(())
 }
 
-/// The GEMMs cuBLASLt ran in this process, by shape: calls, time (launch to completion, host
-/// syncs included) and TFLOP/s, slowest first. `None` before the first.
+/// The GEMMs cuBLASLt ran in this process, by shape: calls, time and TFLOP/s, slowest first
+/// (on CubeCL's stream, the GPU time between events around each; host-synced, launch to
+/// completion with the syncs). Waits for GEMMs still running. `None` before the first.
 pub fn profile_table() -> Option<String> {
     let mut rows = Vec::new();
     let engines: Vec<&'static Mutex<Engine>> = ENGINES.get()?.lock().unwrap_or_else(|e| e.into_inner()).values().copied().collect();
     for engine in engines {
-        let engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+        let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(failure) = engine.context.bind_to_thread().map_err(CublasError::from).and_then(|()| engine.read_finished_times(true)) {
+            return Some(format!("cuBLASLt GEMMs: their times could not be read: {failure}\n"));
+        }
         for (&(m, n, k, batch), times) in &engine.profile {
             let flops = 2.0 * (m * n * k * batch.max(1)) as f64 * times.calls as f64;
             rows.push((times.gemm, m, n, k, batch, times.calls, flops / times.gemm.as_secs_f64() / 1e12));
@@ -308,7 +447,11 @@ pub fn profile_table() -> Option<String> {
     }
     rows.sort_by(|a, b| b.0.cmp(&a.0));
     let total: Duration = rows.iter().map(|r| r.0).sum();
-    let mut table = format!("cuBLASLt GEMMs: {:.1} ms in all\n| m | n | k | batch | calls | ms | TFLOP/s |\n|---|---|---|---|---|---|---|\n", total.as_secs_f64() * 1e3);
+    let timing = match ordering() {
+        CublasOrdering::Stream => "on CubeCL's stream, GPU time between events",
+        CublasOrdering::HostSync => "host-synced, launch to completion",
+    };
+    let mut table = format!("cuBLASLt GEMMs ({timing}): {:.1} ms in all\n| m | n | k | batch | calls | ms | TFLOP/s |\n|---|---|---|---|---|---|---|\n", total.as_secs_f64() * 1e3);
     for (time, m, n, k, batch, calls, tflops) in rows {
         table += &format!("| {m} | {n} | {k} | {batch} | {calls} | {:.2} | {tflops:.0} |\n", time.as_secs_f64() * 1e3);
     }
