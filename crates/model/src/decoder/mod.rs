@@ -121,7 +121,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
             let batch = self.query_batch(active.iter().map(|&s| caches[s].clone()).collect());
             let group_queries: Vec<usize> = (0..active.len()).collect();
             let mut chunk_kv = Vec::with_capacity(self.layers.len());
-            self.forward(&chunks.concat(), &layout, &batch, &group_queries, Some(&mut chunk_kv));
+            self.forward(&chunks.concat(), &layout, &batch, &group_queries, Keep::Kv(&mut chunk_kv));
             let mut offset = 0;
             for (&s, chunk) in active.iter().zip(&chunks) {
                 let part = chunk_kv.iter().map(|kv| kv.tokens(offset, chunk.len())).collect();
@@ -147,10 +147,10 @@ impl<B: ScoringBackend> DecoderModel<B> {
         let layout = ItemLayout::new(groups.iter().zip(&lens).map(|(g, lens)| (queries.query_len(g.query), lens.as_slice())));
         let tokens: Vec<u32> = groups.iter().flat_map(|g| g.items.iter().flat_map(|item| item.iter().copied())).collect();
         let group_queries: Vec<usize> = groups.iter().map(|g| g.query).collect();
-        let hidden = self.forward(&tokens, &layout, queries, &group_queries, None);
         let last_rows: Vec<i64> = layout.last_rows().into_iter().map(|row| row as i64).collect();
         let last_rows = Tensor::<B, 1, Int>::from_data(TensorData::new(last_rows, [layout.items()]), &self.device());
-        rms_norm(hidden.select(0, last_rows), &self.final_norm, self.config.rms_norm_eps)
+        let hidden = self.forward(&tokens, &layout, queries, &group_queries, Keep::Rows(last_rows)).expect("a pass keeping rows returns them");
+        rms_norm(hidden, &self.final_norm, self.config.rms_norm_eps)
     }
 
     /// Logits of each row's labels, `[rows, labels.width()]`.
@@ -170,10 +170,10 @@ impl<B: ScoringBackend> DecoderModel<B> {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
 
-    /// Runs the packed tokens of `layout` through all layers; returns `[tokens, hidden]`.
-    /// Group `g` attends to query `group_queries[g]` of `queries`. With `keep_kv`, the pass's
-    /// K/V per layer (every token, in order) is pushed there, in prefix layout.
-    fn forward(&self, tokens: &[u32], layout: &ItemLayout, queries: &QueryBatch<B>, group_queries: &[usize], mut keep_kv: Option<&mut Vec<PrefixKv<B>>>) -> Tensor<B, 2> {
+    /// Runs the packed tokens of `layout` through all layers. Group `g` attends to query
+    /// `group_queries[g]` of `queries`. What comes out is what `keep` asks for, and the last
+    /// layer computes no more than that (see [`Keep`]).
+    fn forward(&self, tokens: &[u32], layout: &ItemLayout, queries: &QueryBatch<B>, group_queries: &[usize], mut keep: Keep<'_, B>) -> Option<Tensor<B, 2>> {
         let c = &self.config;
         let device = self.device();
         let count = tokens.len();
@@ -189,7 +189,9 @@ impl<B: ScoringBackend> DecoderModel<B> {
         let steps = Elementwise::<B> { route: self.routes.elementwise, eps: c.rms_norm_eps, _backend: PhantomData };
         // Each block's output waits to be added until the next norm, which adds it in the same launch.
         let mut pending: Option<Tensor<B, 2>> = None;
+        let mut rows_selected = false;
         for (index, layer) in self.layers.iter().enumerate() {
+            let last = index + 1 == self.layers.len();
             let (residual, h) = steps.add_rms_norm(x, pending.take(), &layer.input_norm);
             x = residual;
             let mut qkv = layer.qkv_proj.forward(h);
@@ -201,23 +203,47 @@ impl<B: ScoringBackend> DecoderModel<B> {
             let k = heads(qkv.clone().narrow(1, q_width, kv_width), c.num_key_value_heads);
             let v = heads(qkv.narrow(1, q_width + kv_width, kv_width), c.num_key_value_heads);
             let (q_norm, k_norm) = layer.qk_norm.as_ref().map(|(q, k)| (q, k)).unzip();
-            let (q, k) = (steps.norm_rope(q, q_norm, &rope), steps.norm_rope(k, k_norm, &rope));
-            if let Some(kept) = keep_kv.as_deref_mut() {
+            let k = steps.norm_rope(k, k_norm, &rope);
+            if let Keep::Kv(kept) = &mut keep {
                 kept.push(PrefixKv { keys: k.clone().swap_dims(0, 1), values: v.clone().swap_dims(0, 1) });
+                if last {
+                    return None; // the last layer's K/V is all a prefill keeps
+                }
             }
-            let attended = attention.run(q, k, v, queries.joined(index));
-            let attention_out = layer.o_proj.forward(attended.reshape([count, q_width]));
+            let q = steps.norm_rope(q, q_norm, &rope);
+            let mut attended = attention.run(q, k, v, queries.joined(index)).reshape([count, q_width]);
+            if let (Keep::Rows(rows), true) = (&keep, last) {
+                // Past the last attention, rows no longer mix: only the kept ones go on.
+                (attended, x) = (attended.select(0, rows.clone()), x.select(0, rows.clone()));
+                rows_selected = true;
+            }
+            let attention_out = layer.o_proj.forward(attended);
 
             let (residual, h) = steps.add_rms_norm(x, Some(attention_out), &layer.post_attention_norm);
             x = residual;
             let gate_up = layer.gate_up_proj.forward(h);
             pending = Some(layer.down_proj.forward(steps.silu_mul(gate_up)));
         }
-        match pending {
+        let hidden = match pending {
             Some(mlp_out) => x + mlp_out,
             None => x,
+        };
+        match keep {
+            Keep::Rows(rows) if !rows_selected => Some(hidden.select(0, rows)),
+            Keep::Rows(_) => Some(hidden),
+            Keep::Kv(_) => None,
         }
     }
+}
+
+/// What a pass keeps, and so what its last layer computes: past the last layer's attention each
+/// row is on its own, so only kept rows go through its output projection and MLP, and a prefill
+/// (which keeps only K/V) stops once the last layer's K/V is out.
+enum Keep<'a, B: ScoringBackend> {
+    /// The hidden state after the last layer (before the final norm) of these rows, in their order.
+    Rows(Tensor<B, 1, Int>),
+    /// Each layer's K/V of every token, pushed in prefix layout; no hidden state.
+    Kv(&'a mut Vec<PrefixKv<B>>),
 }
 
 /// The layers' elementwise steps on their route: the backend's fused kernels or Burn's ops.
