@@ -6,7 +6,7 @@
 #   TALLY_SUITE_DRY_RUN=1 benches/gpu/suite.sh   # here, on the CPU with the tiny preset
 #
 # Stages (TALLY_SUITE_STAGES, run in the order given; default all, the headline numbers first): env
-# scenario profile ncu peers attention fixtures kernels coldstart load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_MATMULS (cubecl cublas),
+# scenario profile ncu peers attention fixtures kernels coldstart load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_MATMULS (cubecl cublas cublas-sync),
 # TALLY_SUITE_ATTENTIONS (flash tiled kernel cascade; the first is the one profiled and split),
 # TALLY_SUITE_TILES (the tile kernels' other tile shapes the attention stage times), TALLY_SUITE_SCENARIOS (s1 s2), TALLY_SUITE_CASES and
 # TALLY_SUITE_PEER_SCENARIOS narrow them, TALLY_SUITE_KERNEL_TESTS the kernel stage's test

@@ -2,8 +2,8 @@
 //!
 //! cubek 0.2's tiled matmuls emit Ampere-style `mma.sync` and reach a fraction of a Hopper's
 //! tensor-core rate; cuBLASLt picks wgmma kernels there. The operands stay CubeCL tensors: their
-//! device pointers are read from CubeCL's storage, the product is written into a tensor CubeCL
-//! allocated, and cuBLASLt runs on a stream of its own in the same (primary) context.
+//! device pointers are read from CubeCL's storage and the product is written into a tensor CubeCL
+//! allocated, in the same (primary) context.
 //!
 //! Ordering ([`CublasOrdering`], `--cublas-ordering`): by default each GEMM is enqueued on the
 //! very CUDA stream CubeCL launches on, through the vendored cubecl-cuda's
@@ -57,11 +57,10 @@ pub enum CublasError {
 }
 
 /// How a cuBLASLt GEMM is ordered with the CubeCL kernels around it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CublasOrdering {
     /// Enqueued on CubeCL's own stream (the vendored cubecl-cuda's `enqueue_foreign`): the
-    /// stream orders it, no host sync.
-    #[default]
+    /// stream orders it, no host sync. The process's ordering until [`set_ordering`] says otherwise.
     Stream,
     /// CubeCL's queue drained, the GEMM run on a stream of tally's and waited for: two host
     /// syncs a GEMM, no patch needed.
@@ -241,7 +240,7 @@ struct EventTimes {
     free: Vec<driver_sys::CUevent>,
 }
 
-// SAFETY: the handle and plans are only used under the engine's mutex.
+// SAFETY: the handle, plans and events are only used under the engine's mutex.
 unsafe impl Send for Engine {}
 
 struct Plan {
@@ -335,8 +334,13 @@ impl Engine {
             unsafe {
                 if wait {
                     driver::event::synchronize(end)?;
-                } else if driver::event::query(end).is_err() {
-                    break; // not yet (CUDA_ERROR_NOT_READY); later ones are later on the stream
+                } else {
+                    match driver::event::query(end) {
+                        Ok(()) => {}
+                        // Not yet; the GEMMs behind it are later on the same stream.
+                        Err(DriverError(driver_sys::CUresult::CUDA_ERROR_NOT_READY)) => break,
+                        Err(failure) => return Err(failure.into()),
+                    }
                 }
                 let ms = driver::event::elapsed(begin, end)?;
                 self.profile.entry(dims).or_default().gemm += Duration::from_secs_f64(f64::from(ms) / 1e3);
