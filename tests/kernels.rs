@@ -404,11 +404,22 @@ fn float32_matmuls_stay_float32() {
 fn cublas_matmuls_match_a_float64_product() {
     use tally_shaders::cublas::{set_ordering, CublasOrdering};
     assert!(tally_shaders::cublas::available(), "libcublasLt must load on a CUDA machine");
-    for ordering in [CublasOrdering::HostSync, CublasOrdering::Stream] {
+    for ordering in [CublasOrdering::Stream, CublasOrdering::HostSync] {
         set_ordering(ordering);
         cublas_products(ordering);
         cublas_chain(ordering);
+        if ordering == CublasOrdering::Stream {
+            // The chain's 6 GEMMs are in the profile, timed by their events: one whose events
+            // were never read would leave the shape's time at zero, and its rate infinite.
+            let table = tally_shaders::cublas::profile_table().expect("GEMMs ran");
+            assert!(table.starts_with("cuBLASLt GEMMs (on CubeCL's stream"), "{table}");
+            let row = table.lines().find(|line| line.starts_with("| 300 | 96 | 96 | 1 |")).unwrap_or_else(|| panic!("the chain's shape: {table}"));
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            assert_eq!(cells[5], "6", "{table}");
+            assert!(cells[7].parse::<f64>().is_ok_and(f64::is_finite), "{table}");
+        }
     }
+    set_ordering(CublasOrdering::Stream);
 }
 
 #[cfg(feature = "cuda")]
