@@ -56,6 +56,24 @@ fn every_fixture_model_through_fusion_matches_the_cpu() {
     check::<runtime::Fused>(&format!("{}, fusion", runtime::NAME));
 }
 
+/// Every model again with its matmuls on cuBLASLt (`--matmul cublas`), the GEMMs enqueued on
+/// CubeCL's own stream between tally's and Burn's kernels: a missing order shows as wrong scores.
+#[cfg(feature = "cuda")]
+fn every_fixture_model_on_cublas_matches_the_cpu() {
+    use tally_shaders::{set_matmul_route, MatmulRoute};
+    set_matmul_route(MatmulRoute::Cublas);
+    let outcome = std::panic::catch_unwind(|| {
+        check::<CubeBackend<runtime::Runtime, f32, i32, u32>>("cuda on cuBLASLt, unfused");
+        check::<runtime::Fused>("cuda on cuBLASLt, fusion");
+    });
+    set_matmul_route(MatmulRoute::Cubecl);
+    outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+}
+
 fn main() {
-    gpu::run(gpu::named![every_fixture_model_on_the_unfused_cube_backend_matches_the_cpu, every_fixture_model_through_fusion_matches_the_cpu])
+    #[allow(unused_mut)]
+    let mut tests = gpu::named![every_fixture_model_on_the_unfused_cube_backend_matches_the_cpu, every_fixture_model_through_fusion_matches_the_cpu];
+    #[cfg(feature = "cuda")]
+    tests.extend(gpu::named![every_fixture_model_on_cublas_matches_the_cpu]);
+    gpu::run(tests)
 }
