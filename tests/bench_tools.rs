@@ -67,7 +67,8 @@ fn the_scenario_refuses_a_cuda_profiler_range_off_cuda() {
 }
 
 /// `benches/gpu/ncu_table.py` on a details page as ncu writes it (its own messages first,
-/// thousands separators, durations in two units, `n/a`, a tensor-pipe metric on one kernel):
+/// thousands separators, durations in two units, `n/a`, a tensor-pipe metric on one kernel and
+/// a DRAM rate on the other):
 /// launches grouped by kernel, sorted by time, throughputs averaged weighted by duration.
 #[test]
 fn the_ncu_table_groups_launches_by_kernel_and_weights_by_duration() {
@@ -87,6 +88,7 @@ fn the_ncu_table_groups_launches_by_kernel_and_weights_by_duration() {
         row(0, flash, "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "%", "55"),
         row(1, gemm, "Duration", "usecond", "150.5"),
         row(1, gemm, "Compute (SM) Throughput", "%", "n/a"),
+        row(1, gemm, "dram__bytes.sum.per_second", "byte/second", "2,512,000,000,000"),
         row(2, flash, "Duration", "nsecond", "588,000"),
         row(2, flash, "Compute (SM) Throughput", "%", "20.5"),
         row(2, flash, "Memory Throughput", "%", "30"),
@@ -102,9 +104,10 @@ fn the_ncu_table_groups_launches_by_kernel_and_weights_by_duration() {
     let rows: Vec<&str> = table.lines().filter(|line| line.starts_with("| 1 ") || line.starts_with("| 2 ")).collect();
     // flash: 2 launches, 1.2 ms, 88.9 %; SM (70.5·612 + 20.5·588) / 1200 = 46.0, memory 35.1:
     // both under 60 %, so latency-bound; its tensor pipe 55 %; 168 registers.
-    assert!(rows[0].starts_with(&format!("| 1 | `{flash}` | 2 | 1.200 | 88.9 % | 600.0 | 46.0 | 35.1 | — | — | 55.0 | latency |")), "{table}");
+    assert!(rows[0].starts_with(&format!("| 1 | `{flash}` | 2 | 1.200 | 88.9 % | 600.0 | 46.0 | 35.1 | — | — | — | 55.0 | latency |")), "{table}");
     assert!(rows[0].contains("| 168 | (128, 1, 1) | (313, 8, 1) |"), "{table}");
-    assert!(rows[1].starts_with(&format!("| 2 | `{gemm}` | 1 | 0.150 | 11.1 % | 150.5 | — |")), "{table}");
+    // The GEMM: no throughput but its DRAM rate, 2.512e12 bytes/s.
+    assert!(rows[1].starts_with(&format!("| 2 | `{gemm}` | 1 | 0.150 | 11.1 % | 150.5 | — | — | — | — | 2512 | — | — |")), "{table}");
 
     std::fs::write(&csv, "==ERROR== the application exited before any kernel was profiled\n").unwrap();
     let out = std::process::Command::new("python3").arg(script).arg(&csv).output().expect("python3 runs");

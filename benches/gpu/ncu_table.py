@@ -5,8 +5,8 @@ Reads the details page of an `ncu` report as CSV (`ncu --import R.ncu-rep --csv 
 --print-units base`): one row per metric per profiled launch. Launches are grouped by kernel
 name and sorted by their summed duration; each kernel gets its launches, time, share, the
 speed-of-light throughputs (SM, memory, DRAM, L2; averaged over its launches, weighted by
-duration), the tensor pipes' busy share where the report has those metrics, its occupancy and
-its launch shape. `bound` reads the speed of light: the larger of SM and memory throughput, and
+duration), its DRAM traffic in GB/s and the tensor pipes' busy share where the report has those
+metrics, its occupancy and its launch shape. `bound` reads the speed of light: the larger of SM and memory throughput, and
 `latency` where both stay under 60 %.
 
     ncu_table.py DETAILS_CSV [--top 20] [--title T] [--out ncu.md]
@@ -21,6 +21,10 @@ DURATION_MS = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecon
 THROUGHPUTS = [("SM %", "Compute (SM) Throughput"), ("memory %", "Memory Throughput"), ("DRAM %", "DRAM Throughput"),
                ("L2 %", "L2 Cache Throughput")]
 TENSOR_PREFIX = "sm__pipe_tensor_op_"
+DRAM_RATE = "dram__bytes.sum.per_second"
+# Rates ncu prints (bytes per second in base units; scaled ones otherwise), in GB/s.
+RATE_GBPS = {"byte/second": 1e-9, "byte/s": 1e-9, "Kbyte/second": 1e-6, "Mbyte/second": 1e-3, "Gbyte/second": 1.0,
+             "Tbyte/second": 1e3, "B/s": 1e-9, "KB/s": 1e-6, "MB/s": 1e-3, "GB/s": 1.0, "TB/s": 1e3}
 
 
 def number(text):
@@ -58,6 +62,12 @@ def metric(launch, name):
     return number(launch["metrics"].get(name, ("", ""))[1])
 
 
+def dram_gbps(launch):
+    unit, value = launch["metrics"].get(DRAM_RATE, ("", ""))
+    value = number(value)
+    return value * RATE_GBPS[unit] if value is not None and unit in RATE_GBPS else None
+
+
 def tensor_busy(launch):
     """The busiest tensor pipe's share of active cycles, where the report measured one."""
     values = [number(value) for name, (_, value) in launch["metrics"].items() if name.startswith(TENSOR_PREFIX)]
@@ -81,9 +91,11 @@ def table(rows, top, title):
         kernels.setdefault(launch["kernel"], []).append(launch)
     total = sum(duration_ms(launch) for launch in timed)
     has_tensor = any(tensor_busy(launch) is not None for launch in timed)
+    has_dram_rate = any(dram_gbps(launch) is not None for launch in timed)
     out += [f"{len(timed)} profiled launches of {len(kernels)} kernels, {total:.2f} ms in all (as ncu times them: caches "
             "flushed before each launch, clocks left alone).", ""]
     header = ["#", "kernel", "launches", "ms", "share", "mean µs"] + [label for label, _ in THROUGHPUTS]
+    header += ["DRAM GB/s"] if has_dram_rate else []
     header += ["tensor %"] if has_tensor else []
     header += ["bound", "occupancy % (achieved / theoretical)", "registers", "block", "grid", "dynamic shared B"]
     out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -103,6 +115,7 @@ def table(rows, top, title):
         short = name if len(name) <= 80 else name[:77] + "..."
         cells = [str(i), f"`{short}`", str(len(group)), f"{ms:.3f}", f"{100 * ms / total:.1f} %", f"{1e3 * ms / len(group):.1f}"]
         cells += [fmt(value) for value in throughputs]
+        cells += [fmt(weighted((dram_gbps(launch), duration_ms(launch)) for launch in group), 0)] if has_dram_rate else []
         cells += [fmt(weighted((tensor_busy(launch), duration_ms(launch)) for launch in group))] if has_tensor else []
         cells += [bound, occupancy, fmt(metric(first, "Registers Per Thread"), 0), first["block"], first["grid"],
                   fmt(metric(first, "Dynamic Shared Memory Per Block"), 0)]

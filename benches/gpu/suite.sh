@@ -171,8 +171,8 @@ profile_stage() {
 # route): `bench scenario --cuda-profiler-range` brackets one more request whose query is a
 # prefix-cache hit, so only its item pass runs inside the range, and ncu profiles the first
 # $ncu_launches launches there (the first layers; every layer runs the same kernels) with the
-# speed-of-light, occupancy and launch sections, plus the tensor pipes' busy share where this ncu
-# knows those metrics. Clocks are left alone (METHOD.md). The table: ncu-*.md.
+# speed-of-light, occupancy and launch sections, plus DRAM bytes per second and the tensor pipes'
+# busy share where this ncu knows those metrics. Clocks are left alone (METHOD.md). The table: ncu-*.md.
 ncu_launches=${TALLY_SUITE_NCU_LAUNCHES:-80}
 ncu_stage() {
     make_model || return 1
@@ -190,11 +190,14 @@ ncu_stage() {
     local ncu
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
     [ -n "$ncu" ] || { echo "ncu: not found on this machine"; return 1; }
-    local tensor
-    tensor=$("$ncu" --query-metrics 2>/dev/null | grep -oE '^sm__pipe_tensor_op_[a-z0-9]+_cycles_active' | sort -u \
-        | sed 's/$/.avg.pct_of_peak_sustained_active/' | paste -sd, -)
+    # Metrics beyond the sections only where this ncu lists them for this GPU: an unknown name
+    # would fail the whole run.
+    local known metrics
+    known=$("$ncu" --query-metrics 2>/dev/null)
+    metrics=$( { grep -oE '^sm__pipe_tensor_op_[a-z0-9]+_cycles_active' <<<"$known" | sort -u | sed 's/$/.avg.pct_of_peak_sustained_active/'
+        grep -qE '^dram__bytes[[:space:]]' <<<"$known" && echo dram__bytes.sum.per_second; } | paste -sd, -)
     timeout ${TALLY_SUITE_NCU_SECONDS:-300} "$ncu" --profile-from-start off --clock-control none --launch-count $ncu_launches \
-        --section SpeedOfLight --section Occupancy --section LaunchStats ${tensor:+--metrics "$tensor"} -f -o $bin/$name \
+        --section SpeedOfLight --section Occupancy --section LaunchStats ${metrics:+--metrics "$metrics"} -f -o $bin/$name \
         "${scenario[@]}" >"$out/$name.stdout" 2>&1
     local status=$?
     tail -5 "$out/$name.stdout"
