@@ -20,16 +20,6 @@ use tally_model::LabelTable;
 use tally_model::{AttentionRoute, Matmul, ScoringBackend};
 use tally_shaders::{AttentionKernel, StreamedLabelLogprobs, TileShape};
 
-/// Puts the process back on CubeCL's matmuls, nothing forced, however a test ends.
-struct CubeclAfter;
-
-impl Drop for CubeclAfter {
-    fn drop(&mut self) {
-        tally_shaders::force_matmul(None);
-        tally_shaders::set_matmul_route(tally_shaders::MatmulRoute::Cubecl);
-    }
-}
-
 /// Every kernel (the tile kernels in registers: float32) against the CPU, the flash kernel with
 /// one key step in flight and with two.
 fn check_attention(case: Case, seed: u64) {

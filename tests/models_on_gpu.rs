@@ -10,6 +10,7 @@
 mod gpu;
 #[path = "common/scoring_pass.rs"]
 mod scoring_pass;
+mod kernel_cases;
 
 use burn::backend::NdArray;
 use burn_cubecl::CubeBackend;
@@ -60,14 +61,10 @@ fn every_fixture_model_through_fusion_matches_the_cpu() {
 /// CubeCL's own stream between tally's and Burn's kernels: a missing order shows as wrong scores.
 #[cfg(feature = "cuda")]
 fn every_fixture_model_on_cublas_matches_the_cpu() {
-    use tally_shaders::{set_matmul_route, MatmulRoute};
-    set_matmul_route(MatmulRoute::Cublas);
-    let outcome = std::panic::catch_unwind(|| {
-        check::<CubeBackend<runtime::Runtime, f32, i32, u32>>("cuda on cuBLASLt, unfused");
-        check::<runtime::Fused>("cuda on cuBLASLt, fusion");
-    });
-    set_matmul_route(MatmulRoute::Cubecl);
-    outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    let _cubecl_after = kernel_cases::CubeclAfter;
+    tally_shaders::set_matmul_route(tally_shaders::MatmulRoute::Cublas);
+    check::<CubeBackend<runtime::Runtime, f32, i32, u32>>("cuda on cuBLASLt, unfused");
+    check::<runtime::Fused>("cuda on cuBLASLt, fusion");
 }
 
 fn main() {

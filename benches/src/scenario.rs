@@ -76,6 +76,7 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
     let mut rng = Rng::new(0);
     let mut ids = |n: usize| rng.ids(n, vocab);
     let static_prefix = ids(static_tokens);
+    let request = |query: &[i64], items: Vec<Vec<i64>>| ScoreRequest { query: Query::Ids(query.to_vec()), items: Items::Ids(items), label_token_ids: labels.clone(), apply_softmax: false, item_first: false, model: None };
 
     let mut seconds = Vec::with_capacity(args.requests);
     let mut query = Vec::new();
@@ -83,17 +84,15 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
         // Same static prefix, a new dynamic suffix and new items for every request.
         query = [static_prefix.clone(), ids(suffix_tokens)].concat();
         let items: Vec<Vec<i64>> = (0..args.items).map(|_| ids(item_tokens)).collect();
-        let request = ScoreRequest { query: Query::Ids(query.clone()), items: Items::Ids(items), label_token_ids: labels.clone(), apply_softmax: false, item_first: false, model: None };
         let start = Instant::now();
-        let input = scorer.preparer().prepare(&request)?;
+        let input = scorer.preparer().prepare(&request(&query, items))?;
         let scores = scorer.score_batch(&[&input])?.remove(0);
         seconds.push(start.elapsed().as_secs_f64());
         ensure!(scores.len() == args.items && scores.iter().flatten().all(|p| p.is_finite()), "scoring returned malformed scores");
     }
     if let Some(profiler) = profiler {
         let items: Vec<Vec<i64>> = (0..args.items).map(|_| ids(item_tokens)).collect();
-        let request = ScoreRequest { query: Query::Ids(query), items: Items::Ids(items), label_token_ids: labels.clone(), apply_softmax: false, item_first: false, model: None };
-        let input = scorer.preparer().prepare(&request)?;
+        let input = scorer.preparer().prepare(&request(&query, items))?;
         profiler(true)?;
         // Scores are read back before it returns, so every launch of the request has finished.
         let scores = scorer.score_batch(&[&input]);

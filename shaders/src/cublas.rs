@@ -287,20 +287,16 @@ impl Engine {
             self.plans.insert(*key, plan);
         }
         let dims = (key.m, key.n, key.k, key.batch);
-        let stream = match on {
-            On::Stream(stream) => stream,
-            On::OwnStreamWaited => self.stream.cu_stream(),
-        };
         let start = Instant::now();
-        let events = match on {
-            On::Stream(_) => {
+        let (stream, events) = match on {
+            On::Stream(stream) => {
                 self.read_finished_times(false)?;
                 let (begin, end) = (self.event()?, self.event()?);
                 // SAFETY: live events of this context, recorded on a stream of it.
                 unsafe { driver::event::record(begin, stream) }?;
-                Some((begin, end))
+                (stream, Some((begin, end)))
             }
-            On::OwnStreamWaited => None,
+            On::OwnStreamWaited => (self.stream.cu_stream(), None),
         };
         self.gemm(key, [a, b, c], stream)?;
         self.profile.entry(dims).or_default().calls += 1;

@@ -27,6 +27,16 @@ pub type Fused = burn::backend::Wgpu<f32>;
 #[cfg(feature = "cuda")]
 pub type Fused = burn::backend::Cuda<f32>;
 
+/// Puts the process back on CubeCL's matmuls, nothing forced, however a test ends.
+pub struct CubeclAfter;
+
+impl Drop for CubeclAfter {
+    fn drop(&mut self) {
+        tally_shaders::force_matmul(None);
+        tally_shaders::set_matmul_route(tally_shaders::MatmulRoute::Cubecl);
+    }
+}
+
 /// Both ways the tensor-core tiles read their fragments.
 pub const FRAGMENT_LOADS: [FragmentLoads; 2] = [FragmentLoads::Ldmatrix, FragmentLoads::Elements];
 

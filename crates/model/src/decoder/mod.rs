@@ -189,7 +189,6 @@ impl<B: ScoringBackend> DecoderModel<B> {
         let steps = Elementwise::<B> { route: self.routes.elementwise, eps: c.rms_norm_eps, _backend: PhantomData };
         // Each block's output waits to be added until the next norm, which adds it in the same launch.
         let mut pending: Option<Tensor<B, 2>> = None;
-        let mut rows_selected = false;
         for (index, layer) in self.layers.iter().enumerate() {
             let last = index + 1 == self.layers.len();
             let (residual, h) = steps.add_rms_norm(x, pending.take(), &layer.input_norm);
@@ -215,7 +214,6 @@ impl<B: ScoringBackend> DecoderModel<B> {
             if let (Keep::Rows(rows), true) = (&keep, last) {
                 // Past the last attention, rows no longer mix: only the kept ones go on.
                 (attended, x) = (attended.select(0, rows.clone()), x.select(0, rows.clone()));
-                rows_selected = true;
             }
             let attention_out = layer.o_proj.forward(attended);
 
@@ -229,7 +227,8 @@ impl<B: ScoringBackend> DecoderModel<B> {
             None => x,
         };
         match keep {
-            Keep::Rows(rows) if !rows_selected => Some(hidden.select(0, rows)),
+            // With no layers, no last layer selected the rows.
+            Keep::Rows(rows) if self.layers.is_empty() => Some(hidden.select(0, rows)),
             Keep::Rows(_) => Some(hidden),
             Keep::Kv(_) => None,
         }
