@@ -112,7 +112,7 @@ fn a_warmed_up_scorer_counts_nothing_and_answers_as_before() {
     assert!(scorer.warmup_steps().is_empty(), "the CPU compiles and tunes nothing, so needs no warm-up");
     // The steps a CubeCL backend asks for (tally_shaders::autotune), run on the CPU: a warm-up
     // leaves no trace whatever it runs.
-    let warmup = tally_engine::warmup_steps(&[16, 32, 47, 64, 95, 128, 512, 1024], 64, scorer.preparer().limits());
+    let warmup = tally_engine::warmup_steps(&[16, 32, 47, 64, 95, 128, 512, 1024], 64, usize::MAX, scorer.preparer().limits());
     let mut steps = Vec::new();
     scorer.warm_up(&warmup, &mut |done, total, step| steps.push((done, total, step.query_tokens))).unwrap();
     let total = steps.len();

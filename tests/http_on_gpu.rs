@@ -75,6 +75,38 @@ fn every_label_is_scored_on_wgpu_up_to_the_servers_maximum() {
     }
 }
 
+/// S1's shape, 500 items of 20 tokens after a 2,020-token query, with a pass budget of its
+/// 10,000 item tokens: one pass on the attention kernels (their scores stay on chip), on the CPU
+/// and on wgpu; at least two on the cascade (20.4 M attention cells, past its bound of 16.8 M,
+/// and on wgpu within the adapter's largest buffer: the whole pass's scores once asked lavapipe
+/// for 265 MB and the server answered 500); the same scores on every route.
+fn a_request_of_s1s_shape_is_one_pass_on_the_attention_kernels() {
+    let vocab = 512;
+    let query: Vec<u32> = (0..2020).map(|i| (i * 7 + 3) % vocab).collect();
+    let items: Vec<Vec<u32>> = (0..500).map(|i| (0..20).map(|j| (i * 31 + j * 11 + 5) % vocab).collect()).collect();
+    let request = json!({"query": query, "items": items, "label_token_ids": [0, 1, vocab - 1]});
+    let budget = ["--max-batch-tokens", "10000", "--no-warmup"];
+    let passes = |server: &Server| (server.metric("tally_pass_items_count"), server.metric("tally_pass_items_sum"));
+    let cpu = Server::start("tied-gqa", &budget);
+    let expected = cpu.score(&request);
+    assert_eq!(passes(&cpu), (1.0, 500.0), "the CPU's attention kernel's passes");
+    for (backend, attention) in [("cpu", "cascade"), ("wgpu", "flash"), ("wgpu", "kernel"), ("wgpu", "cascade")] {
+        let server = Server::start("tied-gqa", &[&["--backend", backend, "--attention", attention][..], &budget].concat());
+        assert_close(&server.score(&request), &expected, 1e-3, &format!("{backend} {attention} against the CPU's kernel"));
+        let (count, items) = passes(&server);
+        assert_eq!(items, 500.0);
+        if attention == "cascade" {
+            assert!(count >= 2.0, "{backend} cascade: {count} passes");
+        } else {
+            assert_eq!(count, 1.0, "{backend} {attention}'s passes");
+        }
+    }
+}
+
 fn main() {
-    gpu::run(gpu::named![the_wgpu_backend_matches_the_reference, every_label_is_scored_on_wgpu_up_to_the_servers_maximum])
+    gpu::run(gpu::named![
+        the_wgpu_backend_matches_the_reference,
+        every_label_is_scored_on_wgpu_up_to_the_servers_maximum,
+        a_request_of_s1s_shape_is_one_pass_on_the_attention_kernels
+    ])
 }

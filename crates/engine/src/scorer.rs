@@ -136,6 +136,22 @@ impl<B: ScoringBackend> Scorer<B> {
         self.options.pass_budget.max_tokens
     }
 
+    /// The budget item passes are planned in. Its attention-cell bound is the memory of the
+    /// cascade's score matrices, one row of scores per query head, so the cells a head may take
+    /// are also bounded by the device's largest buffer (in float32, what the softmax runs in).
+    /// The attention kernels hold a tile of scores at a time, so on their routes the bound does
+    /// not apply: S1's 500 items of 20 tokens after a 2,020-token query, 20.4 M cells, would
+    /// otherwise split into two passes however many tokens a pass may hold.
+    fn pass_budget(&self) -> PassBudget {
+        let budget = self.options.pass_budget;
+        if !self.model.routes().attention.scores_in_memory() {
+            return PassBudget { max_attention_cells: usize::MAX, ..budget };
+        }
+        let score_row_bytes = (self.model.config().num_attention_heads * std::mem::size_of::<f32>()) as u64;
+        let buffer_cells = B::max_buffer_bytes(&self.model.device()).map_or(usize::MAX, |bytes| usize::try_from(bytes / score_row_bytes).unwrap_or(usize::MAX));
+        PassBudget { max_attention_cells: budget.max_attention_cells.min(buffer_cells), ..budget }
+    }
+
     /// Tokenization and validation for this model, shareable with other threads.
     pub fn preparer(&self) -> &RequestPreparer {
         &self.preparer
@@ -150,7 +166,12 @@ impl<B: ScoringBackend> Scorer<B> {
     /// and queries of two prefill chunks (one resumed from the cache). None on the CPU.
     pub fn warmup_steps(&self) -> Vec<WarmupStep> {
         let max_pass_tokens = self.options.pass_budget.max_tokens;
-        warmup_steps(&B::warmup_rows(max_pass_tokens.max(2 * PREFILL_CHUNK)), max_pass_tokens, self.preparer.limits())
+        let rows = B::warmup_rows(max_pass_tokens.max(2 * PREFILL_CHUNK));
+        // A query's length is a shape class only where it is a matmul dimension (the cascade's
+        // scores); elsewhere two prefill chunks meet every class, and the attention of long
+        // queries would only lengthen the warm-up.
+        let max_query_tokens = if self.model.routes().attention.scores_in_memory() { usize::MAX } else { 2 * PREFILL_CHUNK };
+        warmup_steps(&rows, max_pass_tokens, max_query_tokens, self.preparer.limits())
     }
 
     /// Runs `steps` (see [`Self::warmup_steps`]), so kernels are compiled and matmuls tuned
@@ -212,7 +233,7 @@ impl<B: ScoringBackend> Scorer<B> {
         let items = BatchItems::new(inputs);
 
         let mut scores: Vec<Vec<Vec<f64>>> = inputs.iter().map(|input| vec![Vec::new(); input.items.len()]).collect();
-        for mut pass in plan_passes(&items.shapes(inputs, &queries), self.options.pass_budget) {
+        for mut pass in plan_passes(&items.shapes(inputs, &queries), self.pass_budget()) {
             for (r, dropped) in dropped.iter_mut().enumerate() {
                 *dropped = *dropped || !wanted(r);
             }

@@ -19,17 +19,18 @@ pub struct WarmupStep {
     pub batches: Vec<Vec<ScoreInput>>,
 }
 
-/// The warm-up's steps: for each row count `r` of `rows`, a query of `r` tokens (longer
-/// queries resume from a cached prefill chunk) with items filling a pass of `r` tokens rounded
-/// up to whole items, at most `max_pass_tokens`; first with full-vocabulary log-probabilities,
-/// then the same query with a label softmax (the LM head's two routes). A last step batches two
-/// requests into one pass, as under load. No rows, no steps.
-pub fn warmup_steps(rows: &[usize], max_pass_tokens: usize, limits: ModelLimits) -> Vec<WarmupStep> {
+/// The warm-up's steps: for each row count `r` of `rows`, a query of `r` tokens, at most
+/// `max_query_tokens` (longer queries resume from a cached prefill chunk), with items filling a
+/// pass of `r` tokens rounded up to whole items, at most `max_pass_tokens`; first with
+/// full-vocabulary log-probabilities, then the same query with a label softmax (the LM head's
+/// two routes). A last step batches two requests into one pass, as under load. No rows, no
+/// steps.
+pub fn warmup_steps(rows: &[usize], max_pass_tokens: usize, max_query_tokens: usize, limits: ModelLimits) -> Vec<WarmupStep> {
     if rows.is_empty() {
         return Vec::new();
     }
     let item_tokens = ITEM_TOKENS.min(limits.max_positions / 2).max(1);
-    let max_query = limits.max_positions.saturating_sub(item_tokens).max(1);
+    let max_query = limits.max_positions.saturating_sub(item_tokens).min(max_query_tokens).max(1);
     // Whole items only: the largest pass is the budget rounded down to a multiple of them.
     let max_pass_tokens = (max_pass_tokens / item_tokens).max(1) * item_tokens;
     let pass_tokens = |rows: usize| (rows.div_ceil(item_tokens) * item_tokens).clamp(item_tokens, max_pass_tokens);
@@ -79,7 +80,7 @@ mod tests {
 
     #[test]
     fn each_row_count_is_a_query_and_a_pass_of_whole_items() {
-        let steps = warmup_steps(&ROWS, 8192, QWEN3);
+        let steps = warmup_steps(&ROWS, 8192, usize::MAX, QWEN3);
         let passes: Vec<usize> = steps.iter().map(|s| s.pass_tokens).collect();
         assert_eq!(passes, [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 8192]);
         let queries: Vec<usize> = steps.iter().map(|s| s.query_tokens).collect();
@@ -94,12 +95,12 @@ mod tests {
 
     #[test]
     fn a_backend_with_nothing_to_tune_warms_up_nothing() {
-        assert!(warmup_steps(&[], 8192, QWEN3).is_empty());
+        assert!(warmup_steps(&[], 8192, usize::MAX, QWEN3).is_empty());
     }
 
     #[test]
     fn both_lm_head_routes_run_on_the_same_query_then_two_requests_share_a_pass() {
-        let steps = warmup_steps(&[16, 749, 1000], 1000, QWEN3);
+        let steps = warmup_steps(&[16, 749, 1000], 1000, usize::MAX, QWEN3);
         let (last, singles) = steps.split_last().unwrap();
         for step in singles {
             let [full_vocab, labels_only] = [&step.batches[0][0], &step.batches[1][0]];
@@ -114,16 +115,28 @@ mod tests {
 
     #[test]
     fn queries_run_past_a_small_pass_budget() {
-        let steps = warmup_steps(&[16, 512, 1024], 256, QWEN3);
+        let steps = warmup_steps(&[16, 512, 1024], 256, usize::MAX, QWEN3);
         assert!(steps.iter().all(|s| s.pass_tokens <= 256));
         let queries: Vec<usize> = steps.iter().map(|s| s.query_tokens).collect();
         assert_eq!(queries, [16, 512, 1024, 128], "queries as long as asked; the last step's two requests halve the budget");
     }
 
     #[test]
+    fn queries_stop_at_their_bound_and_longer_steps_share_one() {
+        let steps = warmup_steps(&ROWS, 8192, 1024, QWEN3);
+        let queries: Vec<usize> = steps.iter().map(|s| s.query_tokens).collect();
+        // Just under, at and past the bound; the last step's two requests too.
+        assert_eq!(queries, [16, 32, 47, 64, 95, 128, 191, 256, 383, 512, 767, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024]);
+        let passes: Vec<usize> = steps.iter().map(|s| s.pass_tokens).collect();
+        assert_eq!(passes, [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 8192], "passes as without the bound");
+        let long = &steps[ROWS.len() - 1].batches[0][0].query;
+        assert!(steps[11..ROWS.len()].iter().all(|s| &s.batches[0][0].query == long), "one query, a prefix-cache hit after its first step");
+    }
+
+    #[test]
     fn requests_stay_inside_a_small_models_limits() {
         let limits = ModelLimits { vocab_size: 50, max_positions: 24 };
-        for step in warmup_steps(&ROWS, 8192, limits) {
+        for step in warmup_steps(&ROWS, 8192, usize::MAX, limits) {
             for input in step.batches.iter().flatten() {
                 let ids = || input.query.iter().chain(input.items.iter().flatten()).chain(&input.labels);
                 assert!(ids().all(|&id| (id as usize) < limits.vocab_size));

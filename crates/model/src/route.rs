@@ -24,6 +24,19 @@ pub enum AttentionRoute {
     Cascade,
 }
 
+impl AttentionRoute {
+    /// Whether a pass's attention scores go through device memory as matrices: the cascade's
+    /// batched matmuls over the prefix. There a pass's score cells take memory (they bound a
+    /// pass) and the prefix length is a matmul dimension (it is a shape class the GPU's matmul
+    /// autotuning meets). The kernels keep a tile of scores at a time, on chip.
+    pub fn scores_in_memory(self) -> bool {
+        match self {
+            AttentionRoute::Cascade => true,
+            AttentionRoute::Kernel | AttentionRoute::Tiled(_) | AttentionRoute::Flash(_) => false,
+        }
+    }
+}
+
 /// How the layers' elementwise steps (residual add + RMSNorm, the q/k norm with RoPE,
 /// `silu(gate) · up`) run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -65,6 +65,10 @@ where
         free_device_memory::<R>(device)
     }
 
+    fn max_buffer_bytes(device: &R::Device) -> Option<u64> {
+        Some(R::client(device).properties().memory.max_page_size)
+    }
+
     fn add_rms_norm<const D: usize>(x: Tensor<Self, D>, delta: Option<Tensor<Self, D>>, gain: &Tensor<Self, 1>, eps: f64) -> (Tensor<Self, D>, Tensor<Self, D>) {
         let delta = delta.map(|delta| delta.into_primitive().tensor());
         let (sum, normed) = add_rms_norm(x.into_primitive().tensor(), delta, gain.clone().into_primitive().tensor(), eps);
@@ -192,6 +196,10 @@ impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
 
     fn free_memory(device: &B::Device) -> Option<u64> {
         B::free_memory(device)
+    }
+
+    fn max_buffer_bytes(device: &B::Device) -> Option<u64> {
+        B::max_buffer_bytes(device)
     }
 
     fn add_rms_norm<const D: usize>(x: Tensor<Self, D>, delta: Option<Tensor<Self, D>>, gain: &Tensor<Self, 1>, eps: f64) -> (Tensor<Self, D>, Tensor<Self, D>) {

@@ -78,6 +78,12 @@ pub trait ScoringBackend: Matmul {
         None
     }
 
+    /// The largest single buffer `device` allocates, where that bounds what a pass may hold
+    /// (CubeCL's page limit: wgpu's storage-buffer binding size, 128 MiB on some adapters).
+    fn max_buffer_bytes(_device: &Self::Device) -> Option<u64> {
+        None
+    }
+
     /// `(x + delta, rms_norm(x + delta) · gain)` over the last dimension, `(x, rms_norm(x) ·
     /// gain)` without `delta`: see [`elementwise::add_rms_norm`].
     fn add_rms_norm<const D: usize>(x: Tensor<Self, D>, delta: Option<Tensor<Self, D>>, gain: &Tensor<Self, 1>, eps: f64) -> (Tensor<Self, D>, Tensor<Self, D>) {
