@@ -15,10 +15,11 @@ for build in "cuda --no-default-features --features cuda" "wgpu"; do
     xz -T0 -6 -f ".gpu/tally-$name"
 done
 # The kernel tests, built for CUDA: each kernel alone, then every fixture model's forward pass.
-# (Not cuda_codegen: it compiles offline, here and in CI, and needs no GPU.)
+# (Not cuda_codegen nor cuda_launches: they run on an offline runtime, here and in CI, and need
+# no GPU.)
 cargo test --release --locked -p tally-shaders --features cuda --no-run --message-format=json | benches/gpu/test_executables.py |
     while read -r name path; do
-        [ "$name" = cuda_codegen ] && continue
+        case "$name" in cuda_codegen | cuda_launches) continue ;; esac
         strip -o ".gpu/test-$name" "$path"
         xz -T0 -6 -f ".gpu/test-$name"
     done

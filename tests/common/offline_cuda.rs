@@ -9,7 +9,9 @@
 //! Why not CubeCL's CUDA runtime itself: its server initialises the CUDA driver on creation, and
 //! a kernel is defined only through a client (`define()` reads the client's device properties).
 
-use std::collections::BTreeMap;
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use burn_cubecl::cubecl::cuda::{CudaCompiler, CudaRuntime};
@@ -20,6 +22,7 @@ use burn_cubecl::cubecl::ir::{
 use burn_cubecl::cubecl::server::{Binding, ComputeServer, CopyDescriptor, CubeCount, ExecutionMode, KernelArguments, ProfileError, ProfilingToken, ServerCommunication, ServerError, ServerUtilities};
 use burn_cubecl::cubecl::zspace::{striding::has_pitched_row_major_strides, Shape, Strides};
 use burn_cubecl::cubecl::{client::ComputeClient, CubeTask, Runtime};
+use cubecl_runtime::id::KernelId;
 use cubecl_runtime::kernel::CompiledKernel;
 use burn_cubecl::cubecl::bytes::Bytes;
 use burn_cubecl::cubecl::device::{Device, DeviceId, DeviceService, ServerUtilitiesHandle};
@@ -68,6 +71,36 @@ impl CudaSource {
 
 /// Every distinct kernel compiled so far in this process, by source.
 static COMPILED: Mutex<BTreeMap<String, CudaSource>> = Mutex::new(BTreeMap::new());
+/// Launches and compilations so far, by kernel type ([`counts`]).
+static COUNTS: Mutex<Counts> = Mutex::new(Counts { launches: BTreeMap::new(), compiles: BTreeMap::new() });
+
+/// What the offline servers were asked to do, by kernel type (a `#[cube]` function's or Burn's
+/// kernel's Rust type): every launch, and every first launch of a kernel id, where CubeCL's CUDA
+/// runtime would compile (NVRTC, ~0.1–1 s a kernel on the GPU machine, unless its PTX cache has it).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Counts {
+    pub launches: BTreeMap<&'static str, u64>,
+    pub compiles: BTreeMap<&'static str, u64>,
+}
+
+impl Counts {
+    /// What happened since `earlier` (a snapshot of the same process's counts).
+    pub fn since(&self, earlier: &Counts) -> Counts {
+        let minus = |now: &BTreeMap<&'static str, u64>, then: &BTreeMap<&'static str, u64>| {
+            now.iter().filter_map(|(&kernel, &n)| Some((kernel, n.checked_sub(then.get(kernel).copied().unwrap_or(0)).filter(|&d| d > 0)?))).collect()
+        };
+        Counts { launches: minus(&self.launches, &earlier.launches), compiles: minus(&self.compiles, &earlier.compiles) }
+    }
+
+    pub fn total_launches(&self) -> u64 {
+        self.launches.values().sum()
+    }
+}
+
+/// The launches and compilations so far in this process.
+pub fn counts() -> Counts {
+    COUNTS.lock().unwrap().clone()
+}
 /// Launches that failed ([`failed`]), with what was running ([`running`]).
 static FAILED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static RUNNING: Mutex<String> = Mutex::new(String::new());
@@ -149,6 +182,9 @@ pub struct OfflineServer<const ID: u16> {
     /// handle (`can_mut`), so without the pool's reference Burn would alias tensors a device
     /// never would.
     pool: Vec<ManagedMemoryHandle>,
+    /// The kernels compiled so far: as CubeCL's CUDA context keeps its modules, by id, so a
+    /// kernel is compiled at its first launch only.
+    compiled_ids: HashSet<KernelId>,
 }
 
 impl<const ID: u16> ServerCommunication for OfflineServer<ID> {
@@ -162,7 +198,7 @@ impl<const ID: u16> DeviceService for OfflineServer<ID> {
         let utilities = Arc::new(ServerUtilities::new(properties, Arc::new(ServerLogger::default()), (), layout));
         // What CubeCL's CUDA server sets for compute capability 9.0 (cubecl-cuda's `init`).
         let features = CppSupportedFeatures { grid_constants: true, clusters: true, fast_math: true, fast_tanh: true, elect_sync: true };
-        OfflineServer { utilities, options: CompilationOptions { warp_size: 32, supports_features: features }, timestamps: TimestampProfiler::default(), pool: Vec::new() }
+        OfflineServer { utilities, options: CompilationOptions { warp_size: 32, supports_features: features }, timestamps: TimestampProfiler::default(), pool: Vec::new(), compiled_ids: HashSet::new() }
     }
     fn utilities(&self) -> ServerUtilitiesHandle {
         ComputeServer::utilities(self) as ServerUtilitiesHandle
@@ -211,10 +247,15 @@ impl<const ID: u16> ComputeServer for OfflineServer<ID> {
         let refused = validate_cube_dim(properties, &id).and_then(|()| validate_units(properties, &id)).err().map(|error| format!("{error:?}")).or_else(|| refused_grid(&count));
         let why = match refused {
             Some(refused) => refused,
+            None if self.compiled_ids.contains(&id) => return record_launch(kernel.name(), false),
             None => {
                 let compile = || kernel.compile(&mut CudaCompiler::default(), &self.options, mode, kernel.address_type());
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(compile)) {
-                    Ok(Ok(compiled)) => return keep(kernel.name(), compiled),
+                    Ok(Ok(compiled)) => {
+                        record_launch(kernel.name(), true);
+                        self.compiled_ids.insert(id);
+                        return keep(kernel.name(), compiled);
+                    }
                     Ok(Err(error)) => format!("{error:?}"),
                     Err(panic) => panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default(),
                 }
@@ -253,6 +294,14 @@ pub fn refused_grid(count: &CubeCount) -> Option<String> {
     let (max_x, max_y, max_z) = CudaRuntime::max_cube_count();
     let refused = x == 0 || y == 0 || z == 0 || x > max_x || y > max_y || z > max_z;
     refused.then(|| format!("a grid of ({x}, {y}, {z}) cubes, which CUDA refuses (at least 1 and at most ({max_x}, {max_y}, {max_z}))"))
+}
+
+fn record_launch(kernel_type: &'static str, compiled: bool) {
+    let mut counts = COUNTS.lock().unwrap();
+    *counts.launches.entry(kernel_type).or_default() += 1;
+    if compiled {
+        *counts.compiles.entry(kernel_type).or_default() += 1;
+    }
 }
 
 fn keep(kernel_type: &'static str, compiled: CompiledKernel<CudaCompiler>) {

@@ -19,12 +19,13 @@ pub struct WarmupStep {
     pub batches: Vec<Vec<ScoreInput>>,
 }
 
-/// The warm-up's steps: for each row count `r` of `rows`, a query of `r` tokens, at most
-/// `max_query_tokens` (longer queries resume from a cached prefill chunk), with items filling a
-/// pass of `r` tokens rounded up to whole items, at most `max_pass_tokens`; first with
-/// full-vocabulary log-probabilities, then the same query with a label softmax (the LM head's
-/// two routes). A last step batches two requests into one pass, as under load. No rows, no
-/// steps.
+/// The warm-up's steps: first one item of one token after a one-token query (the smallest
+/// launches: Burn sizes its cubes by element count); then for each row count `r` of `rows`, a
+/// query of `r` tokens, at most `max_query_tokens` (longer queries resume from a cached prefill
+/// chunk), with items filling a pass of `r` tokens rounded up to whole items, at most
+/// `max_pass_tokens`. Each step runs first with full-vocabulary log-probabilities, then the
+/// same query with a label softmax (the LM head's two routes). A last step batches two
+/// requests into one pass, as under load. No rows, no steps.
 pub fn warmup_steps(rows: &[usize], max_pass_tokens: usize, max_query_tokens: usize, limits: ModelLimits) -> Vec<WarmupStep> {
     if rows.is_empty() {
         return Vec::new();
@@ -34,21 +35,22 @@ pub fn warmup_steps(rows: &[usize], max_pass_tokens: usize, max_query_tokens: us
     // Whole items only: the largest pass is the budget rounded down to a multiple of them.
     let max_pass_tokens = (max_pass_tokens / item_tokens).max(1) * item_tokens;
     let pass_tokens = |rows: usize| (rows.div_ceil(item_tokens) * item_tokens).clamp(item_tokens, max_pass_tokens);
-    let request = |seed: usize, query_tokens: usize, pass_tokens: usize, apply_softmax: bool| {
+    let request_of = |seed: usize, query_tokens: usize, pass_tokens: usize, item_tokens: usize, apply_softmax: bool| {
         let query = tokens(seed, query_tokens, limits.vocab_size);
         let items = (0..pass_tokens / item_tokens).map(|i| tokens(seed + 1 + i, item_tokens, limits.vocab_size)).collect();
         ScoreInput::new(query, items, vec![0, limits.vocab_size as u32 - 1], apply_softmax, false, limits).expect("warm-up requests stay inside the model's limits")
     };
-    let mut steps: Vec<WarmupStep> = rows
-        .iter()
-        .map(|&rows| {
+    let request = |seed, query_tokens, pass_tokens, apply_softmax| request_of(seed, query_tokens, pass_tokens, item_tokens, apply_softmax);
+    let smallest = WarmupStep { pass_tokens: 1, query_tokens: 1, batches: vec![vec![request_of(3, 1, 1, 1, false)], vec![request_of(3, 1, 1, 1, true)]] };
+    let mut steps: Vec<WarmupStep> = std::iter::once(smallest)
+        .chain(rows.iter().map(|&rows| {
             let (query_tokens, pass_tokens) = (rows.clamp(1, max_query), pass_tokens(rows));
             WarmupStep {
                 pass_tokens,
                 query_tokens,
                 batches: vec![vec![request(0, query_tokens, pass_tokens, false)], vec![request(0, query_tokens, pass_tokens, true)]],
             }
-        })
+        }))
         .collect();
     let half = (max_pass_tokens / 2 / item_tokens).max(1) * item_tokens;
     let query_tokens = half.min(max_query);
@@ -82,9 +84,11 @@ mod tests {
     fn each_row_count_is_a_query_and_a_pass_of_whole_items() {
         let steps = warmup_steps(&ROWS, 8192, usize::MAX, QWEN3);
         let passes: Vec<usize> = steps.iter().map(|s| s.pass_tokens).collect();
-        assert_eq!(passes, [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 8192]);
+        assert_eq!(passes, [1, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 8192]);
         let queries: Vec<usize> = steps.iter().map(|s| s.query_tokens).collect();
-        assert_eq!(queries[..ROWS.len()], ROWS);
+        assert_eq!(queries[1..=ROWS.len()], ROWS);
+        let smallest = &steps[0].batches[0][0];
+        assert_eq!((smallest.query.len(), smallest.items.len(), smallest.items[0].len()), (1, 1, 1), "one one-token item after a one-token query");
         for step in &steps {
             for batch in &step.batches {
                 assert_eq!(item_tokens(batch), step.pass_tokens, "a batch fills its step's pass");
@@ -118,7 +122,7 @@ mod tests {
         let steps = warmup_steps(&[16, 512, 1024], 256, usize::MAX, QWEN3);
         assert!(steps.iter().all(|s| s.pass_tokens <= 256));
         let queries: Vec<usize> = steps.iter().map(|s| s.query_tokens).collect();
-        assert_eq!(queries, [16, 512, 1024, 128], "queries as long as asked; the last step's two requests halve the budget");
+        assert_eq!(queries, [1, 16, 512, 1024, 128], "queries as long as asked; the last step's two requests halve the budget");
     }
 
     #[test]
@@ -126,11 +130,11 @@ mod tests {
         let steps = warmup_steps(&ROWS, 8192, 1024, QWEN3);
         let queries: Vec<usize> = steps.iter().map(|s| s.query_tokens).collect();
         // Just under, at and past the bound; the last step's two requests too.
-        assert_eq!(queries, [16, 32, 47, 64, 95, 128, 191, 256, 383, 512, 767, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024]);
+        assert_eq!(queries, [1, 16, 32, 47, 64, 95, 128, 191, 256, 383, 512, 767, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024]);
         let passes: Vec<usize> = steps.iter().map(|s| s.pass_tokens).collect();
-        assert_eq!(passes, [16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 8192], "passes as without the bound");
-        let long = &steps[ROWS.len() - 1].batches[0][0].query;
-        assert!(steps[11..ROWS.len()].iter().all(|s| &s.batches[0][0].query == long), "one query, a prefix-cache hit after its first step");
+        assert_eq!(passes, [1, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 8192], "passes as without the bound");
+        let long = &steps[ROWS.len()].batches[0][0].query;
+        assert!(steps[12..=ROWS.len()].iter().all(|s| &s.batches[0][0].query == long), "one query, a prefix-cache hit after its first step");
     }
 
     #[test]

@@ -1,0 +1,202 @@
+//! What `tally serve --backend cuda` launches, counted without a GPU on the offline CUDA runtime
+//! (`common/offline_cuda.rs`: an H100's properties, CubeCL's CUDA compiler, launches counted and
+//! compiled instead of run), through the engine as the server runs it: Qwen3-0.6B's shape in
+//! bfloat16 through Burn's fusion, passes of up to 32,768 tokens (what an H100's memory gives).
+//!
+//! - **Nothing compiles after the warm-up.** On the GPU a kernel's first launch is an NVRTC
+//!   compile (unless the PTX cache has it) and a matmul's first shape class an autotune, in the
+//!   request's latency. After [`Scorer::warm_up`], requests of the shapes a server meets (S1, S2,
+//!   a batch of the load benchmark's requests, odd sizes, `item_first`) must launch only kernels
+//!   already compiled. Checked on the row kernel with Burn's elementwise ops (the default) and on
+//!   the flash kernel with the fused elementwise kernels.
+//! - **The launch census of one warm S1 request**: launches per request by kernel type, and the
+//!   host's time to issue them (Burn's fusion and CubeCL's launch path, without the driver's
+//!   ~2–4 µs a launch): where the host, not the GPU, would bound a request. Printed; with
+//!   `TALLY_CUDA_LAUNCHES_REPORT=FILE` also written as JSON (committed as
+//!   `benches/results/cuda-launches-s1.json`).
+//!
+//! Matmuls run on `--matmul cubecl` here (cuBLASLt needs a device); each cubek matmul launch
+//! counted is one cuBLASLt call on `--matmul cublas`.
+
+#[path = "common/offline_cuda.rs"]
+mod offline_cuda;
+
+use std::time::Instant;
+
+use burn_cubecl::CubeBackend;
+use burn_fusion::Fusion;
+use half::bf16;
+use offline_cuda::{Counts, OfflineCuda, OfflineDevice};
+use tally_core::{ModelLimits, PassBudget, ScoreInput};
+use tally_engine::{Scorer, ScorerOptions};
+use tally_model::{AttentionRoute, ElementwiseRoute, LabelRoute, Routes, TileShape};
+
+/// What `tally serve --backend cuda` runs in bfloat16.
+type Served = Fusion<CubeBackend<OfflineCuda<1>, bf16, i32, u8>>;
+
+/// The largest pass the server takes from an H100's free memory (`MAX_DEVICE_PASS_TOKENS`).
+const PASS_TOKENS: usize = tally_core::plan::MAX_DEVICE_PASS_TOKENS;
+
+/// The routes checked: the CUDA default, and the flash kernel with the fused elementwise kernels.
+fn routes() -> [(&'static str, Routes); 2] {
+    let flash = Routes { attention: AttentionRoute::Flash(TileShape::default()), elementwise: ElementwiseRoute::Kernels, labels: LabelRoute::Kernel };
+    [("kernel attention, burn elementwise", Routes::default()), ("flash attention, elementwise kernels", flash)]
+}
+
+fn scorer(layers: usize) -> Scorer<Served> {
+    let mut config = tally_model::presets::preset("qwen3-0.6b").expect("a preset");
+    config.num_hidden_layers = layers;
+    let opened = tally_model::random::random_model(&config, 0).expect("random weights");
+    let options = ScorerOptions { pass_budget: PassBudget { max_tokens: PASS_TOKENS, ..PassBudget::default() }, prefix_cache_bytes: 1 << 30, ..ScorerOptions::default() };
+    Scorer::from_opened(opened, "qwen3-0.6b".into(), &OfflineDevice::<1>, options, &mut |_, _| {}).expect("the model loads")
+}
+
+/// Deterministic token ids: `len` of them, different for each `seed`.
+fn ids(seed: usize, len: usize, vocab: usize) -> Vec<u32> {
+    (0..len).map(|i| ((seed * 104_729 + i * 7_919 + 13) % vocab) as u32).collect()
+}
+
+/// A request: a query of `query` tokens (the first `shared` of them the same in every request),
+/// items of the given lengths.
+fn input(limits: ModelLimits, seed: usize, shared: usize, query: usize, items: &[usize], item_first: bool) -> ScoreInput {
+    let vocab = limits.vocab_size;
+    let query = [ids(0, shared.min(query), vocab), ids(seed, query.saturating_sub(shared), vocab)].concat();
+    let items = items.iter().enumerate().map(|(i, &len)| ids(seed * 1_000 + i + 1, len, vocab)).collect();
+    ScoreInput::new(query, items, vec![9_454, 2_753], false, item_first, limits).expect("a valid request")
+}
+
+/// S1: a 2,000-token static prefix and a 20-token suffix, 500 items of 20 tokens.
+fn s1(limits: ModelLimits, seed: usize) -> ScoreInput {
+    input(limits, seed, 2_000, 2_020, &[20; 500], false)
+}
+
+/// The batches a server meets after its warm-up, by name.
+fn traffic(limits: ModelLimits) -> Vec<(&'static str, Vec<ScoreInput>)> {
+    let odd_items: Vec<usize> = (0..37).map(|i| [1, 2, 17, 65, 129][i % 5]).collect();
+    vec![
+        ("S1", vec![s1(limits, 1)]),
+        ("S2", vec![input(limits, 2, 1_900, 1_910, &[10; 500], false)]),
+        ("20 requests of the load benchmark's shape in one batch", (0..20).map(|r| input(limits, 100 + r, 0, 300, &[20; 10], false)).collect()),
+        ("a 3,001-token query, items of 1 to 129 tokens", vec![input(limits, 4, 0, 3_001, &odd_items[..7], false)]),
+        ("a one-token query, items of 1 to 129 tokens", vec![input(limits, 3, 0, 1, &odd_items, false)]),
+        ("a one-token query, one item of one token", vec![input(limits, 6, 0, 1, &[1], false)]),
+        ("item_first", vec![input(limits, 5, 0, 40, &[3, 30, 300], true)]),
+    ]
+}
+
+fn describe(compiles: &[(&str, u64)]) -> String {
+    compiles.iter().map(|(kernel, n)| format!("  {n} × {kernel}")).collect::<Vec<_>>().join("\n")
+}
+
+/// CubeK's matmul kernels: their ids hold a tiling chosen from each problem's exact sizes
+/// (instruction shape by `m : n`, stage rows by `m`, bounds checks by divisibility), finer than
+/// the autotune's shape classes, so a warm-up cannot meet them all.
+fn is_cubek_matmul(kernel: &str) -> bool {
+    kernel.starts_with("cubek_matmul::")
+}
+
+/// `counts`' compilations: CubeK's matmuls, and every other kernel.
+fn compiles(counts: &Counts) -> (Vec<(&'static str, u64)>, Vec<(&'static str, u64)>) {
+    counts.compiles.iter().map(|(&kernel, &n)| (kernel, n)).partition(|(kernel, _)| is_cubek_matmul(kernel))
+}
+
+/// After the warm-up, the traffic compiles nothing, on each route.
+fn nothing_compiles_after_the_warm_up() {
+    let mut scorer = scorer(3);
+    let limits = scorer.preparer().limits();
+    for (name, routes) in routes() {
+        scorer.set_routes(routes);
+        let steps = scorer.warmup_steps();
+        assert!(!steps.is_empty(), "a CubeCL backend warms up");
+        scorer.warm_up(&steps, &mut |_, _, _| {}).expect("the warm-up runs");
+        for (what, batch) in traffic(limits) {
+            let before = offline_cuda::counts();
+            scorer.score_batch(&batch.iter().collect::<Vec<_>>()).expect("the batch is scored");
+            let new = offline_cuda::counts().since(&before);
+            assert!(new.total_launches() > 0, "{name}, {what}: nothing launched");
+            let (matmuls, others) = compiles(&new);
+            assert!(others.is_empty(), "{name}, {what}: compiled after the warm-up (on the GPU: NVRTC in the request's latency):\n{}", describe(&others));
+            println!("{name}, {what}: {} launches, {} of CubeK's matmul kernels compiled (none on --matmul cublas)", new.total_launches(), matmuls.iter().map(|m| m.1).sum::<u64>());
+        }
+    }
+    assert!(offline_cuda::failed().is_empty(), "launches CubeCL could not generate or CUDA would refuse:\n{}", offline_cuda::failed().join("\n\n"));
+}
+
+/// The launches of one warm S1 request on Qwen3-0.6B's 28 layers, by kernel type, and the host
+/// time to issue them.
+fn the_launch_census_of_a_warm_s1_request() {
+    let mut scorer = scorer(28);
+    let limits = scorer.preparer().limits();
+    let mut report = Vec::new();
+    for (name, routes) in routes() {
+        scorer.set_routes(routes);
+        // A cold request compiles and tunes, a second warms the prefix cache's hit path; the
+        // third and later are timed.
+        for seed in 0..2 {
+            scorer.score_batch(&[&s1(limits, seed)]).expect("S1 is scored");
+        }
+        let mut seconds = Vec::new();
+        let before = offline_cuda::counts();
+        const TIMED: usize = 3;
+        for seed in 0..TIMED {
+            let request = s1(limits, 10 + seed);
+            let start = Instant::now();
+            scorer.score_batch(&[&request]).expect("S1 is scored");
+            seconds.push(start.elapsed().as_secs_f64());
+        }
+        let counts = offline_cuda::counts().since(&before);
+        assert!(counts.compiles.is_empty(), "{name}: warm S1 requests compiled:\n{}", describe(&counts.compiles.iter().map(|(&k, &n)| (k, n)).collect::<Vec<_>>()));
+        seconds.sort_by(f64::total_cmp);
+        let host_ms = seconds[TIMED / 2] * 1e3;
+        let per_request = |n: u64| n / TIMED as u64;
+        let launches = per_request(counts.total_launches());
+        assert_eq!(counts.total_launches() % TIMED as u64, 0, "{name}: every S1 request launches the same kernels");
+        println!("\n{name}: {launches} launches a warm S1 request, issued in {host_ms:.1} ms of host time (median of {TIMED})");
+        let mut kernels: Vec<(&str, u64)> = counts.launches.iter().map(|(&k, &n)| (k, per_request(n))).collect();
+        kernels.sort_by_key(|&(kernel, n)| (std::cmp::Reverse(n), kernel));
+        for (kernel, n) in &kernels {
+            println!("{n:>6}  {kernel}");
+        }
+        report.push(serde_json::json!({
+            "routes": name,
+            "launches_per_request": launches,
+            "host_ms_per_request": host_ms,
+            "launches_by_kernel": kernels.iter().map(|&(kernel, n)| serde_json::json!({"kernel": kernel, "launches": n})).collect::<Vec<_>>(),
+        }));
+    }
+    if let Some(path) = std::env::var_os("TALLY_CUDA_LAUNCHES_REPORT") {
+        let json = serde_json::json!({
+            "benchmark": "cuda-launches",
+            "what": "one warm S1 request (2,020-token query from the prefix cache, 500 items of 20 tokens, one pass) through the engine on the offline CUDA runtime: launches by kernel type and the host's time to issue them, without the driver's launch cost",
+            "model": "qwen3-0.6b shape, 28 layers, bfloat16, through Burn's fusion, --matmul cubecl",
+            "host": std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| info.lines().find_map(|l| l.strip_prefix("model name")?.split(':').nth(1).map(|s| s.trim().to_owned()))),
+            "runs": report,
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).expect("the report is written");
+    }
+}
+
+fn main() {
+    // A kernel CubeCL cannot generate panics on the device's stream thread, where the offline
+    // server catches it and the test reports it; its backtrace would only bury the report.
+    let report_panic = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !std::thread::current().name().is_some_and(|name| name.starts_with("DSD-")) {
+            report_panic(info);
+        }
+    }));
+    let mut args = libtest_mimic::Arguments::from_args();
+    // The counts are the process's: one trial at a time.
+    args.test_threads = Some(1);
+    let trials = vec![
+        libtest_mimic::Trial::test("nothing_compiles_after_the_warm_up", || {
+            nothing_compiles_after_the_warm_up();
+            Ok(())
+        }),
+        libtest_mimic::Trial::test("the_launch_census_of_a_warm_s1_request", || {
+            the_launch_census_of_a_warm_s1_request();
+            Ok(())
+        }),
+    ];
+    libtest_mimic::run(&args, trials).exit()
+}
