@@ -9,9 +9,11 @@
 //!   a batch of the load benchmark's requests, odd sizes, `item_first`) must launch only kernels
 //!   already compiled. Checked on the row kernel with Burn's elementwise ops (the default) and on
 //!   the flash kernel with the fused elementwise kernels.
-//! - **The launch census of one warm S1 request**: launches per request by kernel type, and the
-//!   host's time to issue them (Burn's fusion and CubeCL's launch path, without the driver's
-//!   ~2–4 µs a launch): where the host, not the GPU, would bound a request. Printed; with
+//! - **The launch census of one warm S1 request**: launches per request by kernel type (the
+//!   suffix's prefill pass and the item pass), and the host's time to issue them (Burn's fusion
+//!   and CubeCL's launch path, without the driver's ~2–4 µs a launch): where the host, not the
+//!   GPU, would bound a request. The time is an upper bound on a host of few cores, where
+//!   CubeCL's device threads and the caller wait for each other spinning. Printed; with
 //!   `TALLY_CUDA_LAUNCHES_REPORT=FILE` also written as JSON (committed as
 //!   `benches/results/cuda-launches-s1.json`).
 //!
@@ -170,6 +172,8 @@ fn the_launch_census_of_a_warm_s1_request() {
             "what": "one warm S1 request (2,020-token query from the prefix cache, 500 items of 20 tokens, one pass) through the engine on the offline CUDA runtime: launches by kernel type and the host's time to issue them, without the driver's launch cost",
             "model": "qwen3-0.6b shape, 28 layers, bfloat16, through Burn's fusion, --matmul cubecl",
             "host": std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| info.lines().find_map(|l| l.strip_prefix("model name")?.split(':').nth(1).map(|s| s.trim().to_owned()))),
+            "host_cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "host_time_caveat": "the caller's thread and CubeCL's two device threads, which wait for each other spinning (ChannelDeviceHandle::submit_inner), share the host's cores: on a 2-core machine the spinning takes much of the time, so host_ms is an upper bound, not a prediction for the GPU machine's 16 cores; the launch counts do not depend on the host",
             "runs": report,
         });
         std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).expect("the report is written");
