@@ -1,5 +1,6 @@
 //! Engine-level batching: requests with different queries share forward passes, the prefix
-//! cache returns exactly what a fresh prefill computes, and the warm-up leaves no trace.
+//! cache returns what a fresh prefill computes (exactly on a hit, to float rounding where it
+//! resumes), and the warm-up leaves no trace.
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -63,15 +64,27 @@ fn prefix_cache_hits_equal_fresh_prefills() {
     let stats = cached.stats();
     assert_eq!((stats.prefix_cache_misses.load(Relaxed), stats.prefix_cache_hits.load(Relaxed)), (1, 1));
 
-    // Same first 1,590 tokens ("system prompt"), another suffix: the cached first 1,536 are reused.
+    // Same first 1,590 tokens ("system prompt"), another suffix: all 1,590 are reused, to the
+    // token, and only the suffix is prefilled. It runs in a pass of its own 5 tokens where a
+    // fresh prefill runs it inside the chunk from 1,536, so the two agree to float rounding.
     let mut other = input.clone();
     other.query.truncate(1590);
     other.query.extend([3, 1, 4, 1, 5]);
+    let prefilled = stats.prefill_tokens.load(Relaxed);
     let partial = scored(&mut cached, &[&other]).remove(0);
     assert_eq!(partial.prefix_cache, PrefixCacheUse::Partial);
-    assert_eq!(stats.prefix_cache_partial_hits.load(Relaxed), 1);
+    assert_eq!((stats.prefix_cache_partial_hits.load(Relaxed), stats.prefill_tokens.load(Relaxed) - prefilled), (1, 5));
     let fresh = scored(&mut scorer(0), &[&other]).remove(0);
-    assert_eq!((fresh.prefix_cache, &fresh.scores), (PrefixCacheUse::Miss, &partial.scores), "no cache: a miss, the same scores");
+    assert_eq!(fresh.prefix_cache, PrefixCacheUse::Miss, "no cache: a miss");
+    assert_close(&partial.scores, &fresh.scores, 1e-5, "resumed at 1,590 tokens against a fresh prefill");
+
+    // A beginning of a cached query is a hit: its K/V is the cached one's first tokens.
+    let mut inside = input.clone();
+    inside.query.truncate(1000);
+    let prefilled = stats.prefill_tokens.load(Relaxed);
+    let hit_inside = scored(&mut cached, &[&inside]).remove(0);
+    assert_eq!((hit_inside.prefix_cache, stats.prefill_tokens.load(Relaxed) - prefilled), (PrefixCacheUse::Hit, 0));
+    assert_close(&hit_inside.scores, &scored(&mut scorer(0), &[&inside]).remove(0).scores, 1e-5, "the beginning of a cached query against a fresh prefill");
 }
 
 /// Concurrent requests' queries are prefilled together (one pass per chunk); each gets what a
@@ -99,8 +112,9 @@ fn a_batchs_cache_misses_are_prefilled_together_and_share_their_common_part() {
     assert_eq!(uses, [PrefixCacheUse::Miss, PrefixCacheUse::Miss, PrefixCacheUse::Miss, PrefixCacheUse::Hit]);
     let stats = cached.stats();
     // `shorter`'s first 1,024 tokens once (the start of `long`'s cacheable 1,536 too), then
-    // `long`'s next 512 and its rest, `shorter`'s last 76, `short`.
-    assert_eq!(stats.prefill_tokens.load(Relaxed) as usize, long.query.len() + 76 + 40);
+    // `long`'s next 512 and its rest, `short`; `shorter` is the beginning of `long`'s first
+    // 1,536, so none of its own.
+    assert_eq!(stats.prefill_tokens.load(Relaxed) as usize, long.query.len() + 40);
     let counts = [&stats.prefix_cache_hits, &stats.prefix_cache_partial_hits, &stats.prefix_cache_misses].map(|c| c.load(Relaxed));
     assert_eq!(counts, [1, 0, 3]);
 }

@@ -1,7 +1,8 @@
 //! The queries of a batch of requests: each taken from the prefix cache, or prefilled — every
 //! cache miss of the batch together, one pass per chunk rather than one per query, each
-//! resuming from its longest cached chunk-aligned part (so a shared system prompt is computed
-//! once, across requests and within a batch).
+//! resuming from the longest beginning it shares with a cached query, to the token (so a
+//! shared system prompt is computed once, across requests and, through chunk-aligned parts
+//! cached first, within a batch).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -18,7 +19,7 @@ use crate::stats::EngineStats;
 pub enum PrefixCacheUse {
     /// The whole query was cached (or computed earlier in the same batch).
     Hit,
-    /// A cached chunk-aligned beginning was resumed; the rest was prefilled.
+    /// A cached beginning was resumed; the rest was prefilled.
     Partial,
     /// Prefilled from scratch: not cached, the cache is off, or nothing could be shared.
     Miss,
@@ -68,14 +69,15 @@ pub fn prefill_queries<B: ScoringBackend>(
         stats.prefix_cache_hits.fetch_add((queries.iter().flatten().count() - distinct.len()) as u64, Relaxed);
         let mut missed = Vec::new();
         for &query in &distinct {
-            match cache.get(query) {
+            // The query itself, or the beginning of a longer cached one.
+            match cache.get(query).or_else(|| cache.longest_prefix(query, query.len()).filter(|kv| kv.len() == query.len())) {
                 Some(hit) => {
                     stats.prefix_cache_hits.fetch_add(1, Relaxed);
                     found.insert(query, PrefixCacheUse::Hit);
                     done.insert(query, hit);
                 }
                 None => {
-                    let (counter, lookup) = match longest_cached_part(cache, query, aligned_len(query)) {
+                    let (counter, lookup) = match cache.longest_prefix(query, query.len()) {
                         Some(_) => (&stats.prefix_cache_partial_hits, PrefixCacheUse::Partial),
                         None => (&stats.prefix_cache_misses, PrefixCacheUse::Miss),
                     };
@@ -85,27 +87,34 @@ pub fn prefill_queries<B: ScoringBackend>(
                 }
             }
         }
-        // Each miss's longest chunk-aligned part (strictly shorter than it) goes into the cache
-        // for the next query with the same beginning. A part that extends another part of this
-        // batch waits for it (a wave later) and resumes from it.
+        // Each miss's longest chunk-aligned part (strictly shorter than it) is computed first,
+        // once, so that the misses of this batch that begin the same way share it. A part that
+        // extends another part of this batch waits for it (a wave later) and resumes from it.
+        // A part the cache already covers is not computed again.
         let mut pending: Vec<&[u32]> = Vec::new();
         for &query in &missed {
             let part = &query[..aligned_len(query)];
-            if !part.is_empty() && !pending.contains(&part) && cache.get(part).is_none() {
+            let covered = |cache: &mut PrefixLru<B>| cache.longest_prefix(part, part.len()).is_some_and(|kv| kv.len() == part.len());
+            if !part.is_empty() && !pending.contains(&part) && !covered(cache) {
                 pending.push(part);
             }
         }
         while !pending.is_empty() {
             let (wave, later): (Vec<&[u32]>, Vec<&[u32]>) = pending.iter().copied().partition(|part| !pending.iter().any(|other| other.len() < part.len() && part.starts_with(other)));
-            let work = wave.iter().map(|&part| resume_point(model, cache, part, part.len())).collect();
+            let work = wave.iter().map(|&part| resume_point(model, cache, part)).collect();
             for (part, kv) in wave.iter().zip(prefill_in_passes(model, stats, work, max_tokens)) {
                 cache.insert(part, kv);
             }
             pending = later;
         }
-        let work = missed.iter().map(|&query| resume_point(model, cache, query, aligned_len(query))).collect();
-        for (&query, kv) in missed.iter().zip(prefill_in_passes(model, stats, work, max_tokens)) {
-            cache.insert(query, kv.clone());
+        let work: Vec<_> = missed.iter().map(|&query| resume_point(model, cache, query)).collect();
+        // A query a part of this batch turned out to cover whole is a view of that part: not
+        // stored again (the cache would count a view's bytes, not the buffer it keeps alive).
+        let computed: Vec<bool> = work.iter().map(|(_, rest)| !rest.is_empty()).collect();
+        for ((&query, kv), computed) in missed.iter().zip(prefill_in_passes(model, stats, work, max_tokens)).zip(computed) {
+            if computed {
+                cache.insert(query, kv.clone());
+            }
             done.insert(query, kv);
         }
         stats.prefix_cache_bytes.store(cache.used_bytes() as u64, Relaxed);
@@ -119,22 +128,17 @@ pub fn prefill_queries<B: ScoringBackend>(
         .collect()
 }
 
-/// The longest multiple of [`PREFILL_CHUNK`] strictly shorter than `query`: the part worth
-/// caching for queries that begin the same way (resuming there keeps a fresh prefill's chunk
-/// boundaries, so a resumed prefill is bit-identical to one from scratch).
+/// The longest multiple of [`PREFILL_CHUNK`] strictly shorter than `query`: the part a batch's
+/// misses share first (resuming there keeps a fresh prefill's chunk boundaries, so a resumed
+/// prefill is bit-identical to one from scratch).
 fn aligned_len(query: &[u32]) -> usize {
     query.len().saturating_sub(1) / PREFILL_CHUNK * PREFILL_CHUNK
 }
 
-/// The longest cached chunk-aligned part of `query` no longer than `limit` tokens.
-fn longest_cached_part<B: ScoringBackend>(cache: &mut PrefixLru<B>, query: &[u32], limit: usize) -> Option<QueryKv<B>> {
-    (1..=limit / PREFILL_CHUNK).rev().find_map(|k| cache.get(&query[..k * PREFILL_CHUNK]))
-}
-
-/// Where `query` resumes (its longest cached part within `limit` tokens, or nothing) and the
-/// tokens left to prefill.
-fn resume_point<'q, B: ScoringBackend>(model: &DecoderModel<B>, cache: &mut PrefixLru<B>, query: &'q [u32], limit: usize) -> (QueryKv<B>, &'q [u32]) {
-    let base = longest_cached_part(cache, query, limit).unwrap_or_else(|| model.empty_query());
+/// Where `query` resumes (the longest beginning it shares with a cached query, possibly all of
+/// it, or nothing) and the tokens left to prefill.
+fn resume_point<'q, B: ScoringBackend>(model: &DecoderModel<B>, cache: &mut PrefixLru<B>, query: &'q [u32]) -> (QueryKv<B>, &'q [u32]) {
+    let base = cache.longest_prefix(query, query.len()).unwrap_or_else(|| model.empty_query());
     let rest = &query[base.len()..];
     (base, rest)
 }

@@ -45,7 +45,7 @@ pub struct EngineStats {
     pub items_scored: AtomicU64,
     pub tokens_scored: AtomicU64,
     pub prefix_cache_hits: AtomicU64,
-    /// A cached chunk-aligned part of the query was reused; the rest was prefilled.
+    /// A cached beginning of the query was reused; the rest was prefilled.
     pub prefix_cache_partial_hits: AtomicU64,
     pub prefix_cache_misses: AtomicU64,
     pub prefix_cache_bytes: AtomicU64,

@@ -6,8 +6,9 @@ use burn::tensor::{backend::Backend, Tensor};
 
 use crate::kv::{spans_end_to_end, PrefixKv};
 
-/// Query tokens per prefill chunk. A query cached at a multiple of this length resumes with
-/// the same chunk boundaries as a fresh prefill, so a cache hit is bit-identical to a miss.
+/// Query tokens per prefill chunk. A query resumed from a cached part a multiple of this long
+/// keeps a fresh prefill's chunk boundaries, so it is bit-identical to one; resumed elsewhere
+/// it equals one to float rounding (its last tokens run in a pass of another size).
 pub const PREFILL_CHUNK: usize = 512;
 
 /// The query's K/V for every layer, computed once and attended to by all items of a request.
@@ -44,6 +45,15 @@ impl<B: Backend> QueryKv<B> {
     /// Device memory held by the K/V tensors.
     pub fn size_bytes(&self) -> usize {
         self.layers.iter().map(|kv| 2 * kv.keys.shape().num_elements() * kv.keys.dtype().size()).sum()
+    }
+
+    /// The K/V of this query's first `len` tokens (views, no copy): attention is causal, so a
+    /// token's K/V depends only on the tokens up to it, and a query's beginning is the K/V of
+    /// any query that begins the same way.
+    pub fn truncated(&self, len: usize) -> Self {
+        assert!(len <= self.len, "{len} tokens of a query of {}", self.len);
+        let layers = self.layers.iter().map(|kv| PrefixKv { keys: kv.keys.clone().narrow(1, 0, len), values: kv.values.clone().narrow(1, 0, len) }).collect();
+        QueryKv { layers, len }
     }
 
     /// This query followed by `len` more tokens whose per-layer K/V is `next`.
