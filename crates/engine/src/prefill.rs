@@ -69,22 +69,19 @@ pub fn prefill_queries<B: ScoringBackend>(
         stats.prefix_cache_hits.fetch_add((queries.iter().flatten().count() - distinct.len()) as u64, Relaxed);
         let mut missed = Vec::new();
         for &query in &distinct {
-            // The query itself, or the beginning of a longer cached one.
-            match cache.get(query).or_else(|| cache.longest_prefix(query, query.len()).filter(|kv| kv.len() == query.len())) {
-                Some(hit) => {
-                    stats.prefix_cache_hits.fetch_add(1, Relaxed);
-                    found.insert(query, PrefixCacheUse::Hit);
-                    done.insert(query, hit);
+            // A hit when a cached query is this one or begins with it.
+            let (lookup, counter) = match cache.longest_prefix(query, query.len()) {
+                Some(whole) if whole.len() == query.len() => {
+                    done.insert(query, whole);
+                    (PrefixCacheUse::Hit, &stats.prefix_cache_hits)
                 }
-                None => {
-                    let (counter, lookup) = match cache.longest_prefix(query, query.len()) {
-                        Some(_) => (&stats.prefix_cache_partial_hits, PrefixCacheUse::Partial),
-                        None => (&stats.prefix_cache_misses, PrefixCacheUse::Miss),
-                    };
-                    counter.fetch_add(1, Relaxed);
-                    found.insert(query, lookup);
-                    missed.push(query);
-                }
+                Some(_) => (PrefixCacheUse::Partial, &stats.prefix_cache_partial_hits),
+                None => (PrefixCacheUse::Miss, &stats.prefix_cache_misses),
+            };
+            counter.fetch_add(1, Relaxed);
+            found.insert(query, lookup);
+            if lookup != PrefixCacheUse::Hit {
+                missed.push(query);
             }
         }
         // Each miss's longest chunk-aligned part (strictly shorter than it) is computed first,

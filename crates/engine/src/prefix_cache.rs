@@ -31,13 +31,6 @@ impl<B: Backend> PrefixLru<B> {
         self.used_bytes
     }
 
-    pub fn get(&mut self, tokens: &[u32]) -> Option<QueryKv<B>> {
-        self.clock += 1;
-        let entry = self.entries.get_mut(tokens)?;
-        entry.last_used = self.clock;
-        Some(entry.prefix.clone())
-    }
-
     /// The longest beginning of `tokens`, at most `limit` tokens, that some cached query shares:
     /// that query's K/V truncated to it (a query's beginning has the same K/V whatever follows
     /// it), or `None` if no cached query shares a first token. The query it came from counts as
@@ -97,7 +90,7 @@ mod tests {
     }
 
     fn cached(cache: &mut PrefixLru<B>, keys: &[u32]) -> Vec<bool> {
-        keys.iter().map(|&key| cache.get(&[key]).is_some()).collect()
+        keys.iter().map(|&key| cache.longest_prefix(&[key], 1).is_some()).collect()
     }
 
     #[test]
