@@ -117,7 +117,8 @@ fn compiles(counts: &Counts) -> (Vec<(&'static str, u64)>, Vec<(&'static str, u6
     counts.compiles.iter().map(|(&kernel, &n)| (kernel, n)).partition(|(kernel, _)| is_cubek_matmul(kernel))
 }
 
-/// After the warm-up, the traffic compiles nothing, on each route.
+/// After the warm-up, the traffic compiles nothing but CubeK's matmuls, on each route but the
+/// cascade (counted only).
 fn nothing_compiles_after_the_warm_up() {
     let mut scorer = scorer(3);
     let limits = scorer.preparer().limits();
