@@ -28,6 +28,10 @@ fn make_model_writes_a_loadable_checkpoint_and_the_scenario_bench_runs_on_it() {
     assert_eq!(result["request_seconds"].as_array().unwrap().len(), 2);
     assert!(result["warm_median"]["items_per_second"].as_f64().unwrap() > 0.0);
     assert!(result["device"].as_str().is_some_and(|d| !d.is_empty()));
+    // The warm request shares the 1,900-token static prefix: only its 10-token suffix is
+    // prefilled, and its 8 items take one pass.
+    assert_eq!((&result["warm_prefill_tokens_per_request"], &result["warm_item_passes_per_request"]), (&json!(10.0), &json!(1.0)));
+    assert!(report.contains("a warm request: 10 query tokens prefilled, 1.0 item passes"), "{report}");
 }
 
 #[test]

@@ -2,13 +2,14 @@
 //! (token ids in, scores out), reported in the seed report's columns.
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use anyhow::{ensure, Result};
 use clap::Args;
 use serde_json::{json, Value};
 use tally_core::{Items, Query, ScoreRequest};
-use tally_engine::Scorer;
+use tally_engine::{EngineStats, Scorer};
 use tally_model::ScoringBackend;
 
 use crate::rng::Rng;
@@ -78,9 +79,13 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
     let static_prefix = ids(static_tokens);
     let request = |query: &[i64], items: Vec<Vec<i64>>| ScoreRequest { query: Query::Ids(query.to_vec()), items: Items::Ids(items), label_token_ids: labels.clone(), apply_softmax: false, item_first: false, model: None };
 
+    let stats = scorer.stats();
+    // What the warm requests ran: tokens prefilled (the suffix, where the prefix cache holds the
+    // static part) and item passes, from the engine's counters after the cold request.
+    let mut after_cold = (0, 0);
     let mut seconds = Vec::with_capacity(args.requests);
     let mut query = Vec::new();
-    for _ in 0..args.requests {
+    for request_index in 0..args.requests {
         // Same static prefix, a new dynamic suffix and new items for every request.
         query = [static_prefix.clone(), ids(suffix_tokens)].concat();
         let items: Vec<Vec<i64>> = (0..args.items).map(|_| ids(item_tokens)).collect();
@@ -89,7 +94,13 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
         let scores = scorer.score_batch(&[&input])?.remove(0);
         seconds.push(start.elapsed().as_secs_f64());
         ensure!(scores.len() == args.items && scores.iter().flatten().all(|p| p.is_finite()), "scoring returned malformed scores");
+        if request_index == 0 {
+            after_cold = (stats.prefill_tokens.load(Relaxed), passes(&stats));
+        }
     }
+    let warm_requests = (args.requests - 1) as f64;
+    let warm_prefill_tokens = (args.requests > 1).then(|| (stats.prefill_tokens.load(Relaxed) - after_cold.0) as f64 / warm_requests);
+    let warm_passes = (args.requests > 1).then(|| (passes(&stats) - after_cold.1) as f64 / warm_requests);
     if let Some(profiler) = profiler {
         let items: Vec<Vec<i64>> = (0..args.items).map(|_| ids(item_tokens)).collect();
         let input = scorer.preparer().prepare(&request(&query, items))?;
@@ -122,6 +133,9 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
     if let Some(s) = warm_median {
         print("warm median", s);
     }
+    if let (Some(tokens), Some(passes)) = (warm_prefill_tokens, warm_passes) {
+        println!("a warm request: {tokens:.0} query tokens prefilled, {passes:.1} item passes");
+    }
     Ok(json!({
         "benchmark": "scenario",
         "scenario": format!("{:?}", args.scenario).to_lowercase(),
@@ -141,5 +155,12 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
         "request_seconds": seconds,
         "cold": row(seconds[0]),
         "warm_median": warm_median.map(row),
+        "warm_prefill_tokens_per_request": warm_prefill_tokens,
+        "warm_item_passes_per_request": warm_passes,
     }))
+}
+
+/// Item passes run so far.
+fn passes(stats: &EngineStats) -> u64 {
+    stats.pass_items.snapshot().0.last().map_or(0, |&(_, count)| count)
 }
