@@ -9,7 +9,7 @@ use anyhow::{ensure, Result};
 use clap::Args;
 use serde_json::{json, Value};
 use tally_core::{Items, Query, ScoreRequest};
-use tally_engine::{EngineStats, Scorer};
+use tally_engine::Scorer;
 use tally_model::ScoringBackend;
 
 use crate::rng::Rng;
@@ -95,12 +95,12 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
         seconds.push(start.elapsed().as_secs_f64());
         ensure!(scores.len() == args.items && scores.iter().flatten().all(|p| p.is_finite()), "scoring returned malformed scores");
         if request_index == 0 {
-            after_cold = (stats.prefill_tokens.load(Relaxed), passes(&stats));
+            after_cold = (stats.prefill_tokens.load(Relaxed), stats.pass_items.count());
         }
     }
     let warm_requests = (args.requests - 1) as f64;
     let warm_prefill_tokens = (args.requests > 1).then(|| (stats.prefill_tokens.load(Relaxed) - after_cold.0) as f64 / warm_requests);
-    let warm_passes = (args.requests > 1).then(|| (passes(&stats) - after_cold.1) as f64 / warm_requests);
+    let warm_passes = (args.requests > 1).then(|| (stats.pass_items.count() - after_cold.1) as f64 / warm_requests);
     if let Some(profiler) = profiler {
         let items: Vec<Vec<i64>> = (0..args.items).map(|_| ids(item_tokens)).collect();
         let input = scorer.preparer().prepare(&request(&query, items))?;
@@ -158,9 +158,4 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
         "warm_prefill_tokens_per_request": warm_prefill_tokens,
         "warm_item_passes_per_request": warm_passes,
     }))
-}
-
-/// Item passes run so far.
-fn passes(stats: &EngineStats) -> u64 {
-    stats.pass_items.snapshot().0.last().map_or(0, |&(_, count)| count)
 }

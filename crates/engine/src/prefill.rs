@@ -70,7 +70,7 @@ pub fn prefill_queries<B: ScoringBackend>(
         let mut missed = Vec::new();
         for &query in &distinct {
             // A hit when a cached query is this one or begins with it.
-            let (lookup, counter) = match cache.longest_prefix(query, query.len()) {
+            let (lookup, counter) = match cache.longest_prefix(query) {
                 Some(whole) if whole.len() == query.len() => {
                     done.insert(query, whole);
                     (PrefixCacheUse::Hit, &stats.prefix_cache_hits)
@@ -91,7 +91,7 @@ pub fn prefill_queries<B: ScoringBackend>(
         let mut pending: Vec<&[u32]> = Vec::new();
         for &query in &missed {
             let part = &query[..aligned_len(query)];
-            let covered = |cache: &mut PrefixLru<B>| cache.longest_prefix(part, part.len()).is_some_and(|kv| kv.len() == part.len());
+            let covered = |cache: &mut PrefixLru<B>| cache.longest_prefix(part).is_some_and(|kv| kv.len() == part.len());
             if !part.is_empty() && !pending.contains(&part) && !covered(cache) {
                 pending.push(part);
             }
@@ -135,7 +135,7 @@ fn aligned_len(query: &[u32]) -> usize {
 /// Where `query` resumes (the longest beginning it shares with a cached query, possibly all of
 /// it, or nothing) and the tokens left to prefill.
 fn resume_point<'q, B: ScoringBackend>(model: &DecoderModel<B>, cache: &mut PrefixLru<B>, query: &'q [u32]) -> (QueryKv<B>, &'q [u32]) {
-    let base = cache.longest_prefix(query, query.len()).unwrap_or_else(|| model.empty_query());
+    let base = cache.longest_prefix(query).unwrap_or_else(|| model.empty_query());
     let rest = &query[base.len()..];
     (base, rest)
 }

@@ -31,13 +31,13 @@ impl<B: Backend> PrefixLru<B> {
         self.used_bytes
     }
 
-    /// The longest beginning of `tokens`, at most `limit` tokens, that some cached query shares:
+    /// The longest beginning of `tokens` (all of it at most) that some cached query shares:
     /// that query's K/V truncated to it (a query's beginning has the same K/V whatever follows
     /// it), or `None` if no cached query shares a first token. The query it came from counts as
     /// used. A scan of every cached query: each holds megabytes of K/V (Qwen3-0.6B: 114 KB a
     /// token in bf16), so a cache holds tens, and comparing stops at the first different token.
-    pub fn longest_prefix(&mut self, tokens: &[u32], limit: usize) -> Option<QueryKv<B>> {
-        let common = |cached: &[u32]| cached.iter().zip(tokens).take(limit).take_while(|(a, b)| a == b).count();
+    pub fn longest_prefix(&mut self, tokens: &[u32]) -> Option<QueryKv<B>> {
+        let common = |cached: &[u32]| cached.iter().zip(tokens).take_while(|(a, b)| a == b).count();
         // Of equally long candidates the most recent, so the choice (and the float rounding of
         // what resumes from it) does not depend on the map's order.
         let (key, len) = self
@@ -90,7 +90,7 @@ mod tests {
     }
 
     fn cached(cache: &mut PrefixLru<B>, keys: &[u32]) -> Vec<bool> {
-        keys.iter().map(|&key| cache.longest_prefix(&[key], 1).is_some()).collect()
+        keys.iter().map(|&key| cache.longest_prefix(&[key]).is_some()).collect()
     }
 
     #[test]
@@ -100,21 +100,21 @@ mod tests {
         cache.insert(&[1, 2, 3, 4, 5], prefix(5));
         cache.insert(&[1, 2, 9], prefix(3));
         cache.insert(&[7], prefix(1));
-        let found = |cache: &mut PrefixLru<B>, tokens: &[u32], limit| cache.longest_prefix(tokens, limit).map(|kv| kv.len());
+        let found = |cache: &mut PrefixLru<B>, tokens: &[u32]| cache.longest_prefix(tokens).map(|kv| kv.len());
         // Shorter, as long as and longer than the shared part; the longest of two candidates.
-        assert_eq!(found(&mut cache, &[1, 2, 3, 4, 6], 5), Some(4));
-        assert_eq!(found(&mut cache, &[1, 2, 3], 3), Some(3), "a query inside a cached one is whole");
-        assert_eq!(found(&mut cache, &[1, 2, 9, 9], 4), Some(3));
-        assert_eq!(found(&mut cache, &[1, 2, 3, 4, 5, 6], 6), Some(5));
-        // The limit caps it; nothing shares a first token.
-        assert_eq!(found(&mut cache, &[1, 2, 3, 4, 6], 2), Some(2));
-        assert_eq!(found(&mut cache, &[8, 1, 2], 3), None);
-        assert_eq!(found(&mut cache, &[1, 2], 0), None);
+        assert_eq!(found(&mut cache, &[1, 2, 3, 4, 6]), Some(4));
+        assert_eq!(found(&mut cache, &[1, 2, 3]), Some(3), "a query inside a cached one is whole");
+        assert_eq!(found(&mut cache, &[1, 2, 9, 9]), Some(3));
+        assert_eq!(found(&mut cache, &[1, 2, 3, 4, 5, 6]), Some(5));
+        // No more than the query; nothing shares a first token; an empty query.
+        assert_eq!(found(&mut cache, &[1, 2]), Some(2));
+        assert_eq!(found(&mut cache, &[8, 1, 2]), None);
+        assert_eq!(found(&mut cache, &[]), None);
         // The one used is the most recent: a tight cache evicts the others first.
         let mut tight = PrefixLru::<B>::new(2 * one);
         tight.insert(&[1], prefix(1));
         tight.insert(&[2], prefix(1));
-        assert_eq!(found(&mut tight, &[1, 5], 2), Some(1));
+        assert_eq!(found(&mut tight, &[1, 5]), Some(1));
         tight.insert(&[3], prefix(1));
         assert_eq!(cached(&mut tight, &[1, 2, 3]), [true, false, true]);
     }

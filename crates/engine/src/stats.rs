@@ -22,6 +22,11 @@ impl Histogram {
         self.sum_micros.fetch_add((value * 1e6) as u64, Relaxed);
     }
 
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().map(|count| count.load(Relaxed)).sum()
+    }
+
     /// `(upper bound, cumulative count)` per bucket, ending with `+Inf`; then the sum.
     pub fn snapshot(&self) -> (Vec<(f64, u64)>, f64) {
         let mut total = 0;
