@@ -7,9 +7,10 @@
 //!   compile (unless the PTX cache has it) and a matmul's first shape class an autotune, in the
 //!   request's latency. After [`Scorer::warm_up`], requests of the shapes a server meets (S1, S2,
 //!   a batch of the load benchmark's requests, odd sizes, `item_first`) must launch only kernels
-//!   already compiled, CubeK's matmuls aside (counted). Checked on the row kernel with Burn's
-//!   elementwise ops (the default), the flash kernel with the fused elementwise kernels, the
-//!   tiled kernel, and a 128x64 flash tile with Burn's label ops; the cascade's are counted.
+//!   already compiled, CubeK's matmuls and Burn's reductions aside (counted: their kernels are
+//!   picked from each exact size). Checked on the row kernel with Burn's elementwise ops (the
+//!   default), the flash kernel with the fused elementwise kernels, the tiled kernel, and a
+//!   128x64 flash tile with Burn's label ops; the cascade's are counted.
 //! - **The launch census of one warm S1 request**: launches per request by kernel type (the
 //!   suffix's prefill pass and the item pass), and the host's time to issue them (Burn's fusion
 //!   and CubeCL's launch path, without the driver's ~2–4 µs a launch): where the host, not the
@@ -55,9 +56,9 @@ fn other_routes() -> [(&'static str, Routes); 2] {
     ]
 }
 
-/// The cascade, in plain Burn ops, reported but not held to it: Burn picks its reductions'
-/// kernels (vector widths, plane or cube strategies) from each exact size, so the prefix
-/// lengths and item counts of new requests compile new ones, as CubeK's matmuls do.
+/// The cascade, in plain Burn ops, reported but not held to it: Burn's fusion picks its
+/// elementwise and copy kernels' vector widths from the score matrices' exact widths (prefix
+/// and item lengths), so new requests compile new ones, as CubeK's matmuls do.
 const CASCADE: (&str, Routes) = ("cascade attention, burn elementwise", Routes { attention: AttentionRoute::Cascade, elementwise: ElementwiseRoute::Burn, labels: LabelRoute::Kernel });
 
 fn scorer(layers: usize) -> Scorer<Served> {
@@ -105,20 +106,22 @@ fn describe(compiles: &[(&str, u64)]) -> String {
     compiles.iter().map(|(kernel, n)| format!("  {n} × {kernel}")).collect::<Vec<_>>().join("\n")
 }
 
-/// CubeK's matmul kernels: their ids hold a tiling chosen from each problem's exact sizes
-/// (instruction shape by `m : n`, stage rows by `m`, bounds checks by divisibility), finer than
-/// the autotune's shape classes, so a warm-up cannot meet them all.
-fn is_cubek_matmul(kernel: &str) -> bool {
-    kernel.starts_with("cubek_matmul::")
+/// The kernels whose ids hold choices made from each problem's exact sizes, finer than the
+/// autotune's shape classes, so a warm-up cannot meet them all: CubeK's matmuls (instruction
+/// shape by `m : n`, stage rows by `m`, bounds checks by divisibility) and Burn's reductions,
+/// fused or not (cube and plane counts from the number of rows reduced; which strategy runs is
+/// the autotune's pick, so which ids a request meets varies with the timings).
+fn is_sized_by_exact_shape(kernel: &str) -> bool {
+    kernel.starts_with("cubek_matmul::") || kernel.starts_with("cubek_reduce::") || kernel.starts_with("burn_cubecl_fusion::optim::reduce")
 }
 
-/// `counts`' compilations: CubeK's matmuls, and every other kernel.
+/// `counts`' compilations: the kernels sized by exact shape, and every other kernel.
 fn compiles(counts: &Counts) -> (Vec<(&'static str, u64)>, Vec<(&'static str, u64)>) {
-    counts.compiles.iter().map(|(&kernel, &n)| (kernel, n)).partition(|(kernel, _)| is_cubek_matmul(kernel))
+    counts.compiles.iter().map(|(&kernel, &n)| (kernel, n)).partition(|(kernel, _)| is_sized_by_exact_shape(kernel))
 }
 
-/// After the warm-up, the traffic compiles nothing but CubeK's matmuls, on each route but the
-/// cascade (counted only).
+/// After the warm-up, the traffic compiles nothing but kernels sized by exact shape, on each
+/// route but the cascade (counted only).
 fn nothing_compiles_after_the_warm_up() {
     let mut scorer = scorer(3);
     let limits = scorer.preparer().limits();
@@ -133,10 +136,10 @@ fn nothing_compiles_after_the_warm_up() {
             scorer.score_batch(&batch.iter().collect::<Vec<_>>()).expect("the batch is scored");
             let new = offline_cuda::counts().since(&before);
             assert!(new.total_launches() > 0, "{name}, {what}: nothing launched");
-            let (matmuls, others) = compiles(&new);
+            let (sized, others) = compiles(&new);
             assert!(others.is_empty() || !held_to_it, "{name}, {what}: compiled after the warm-up (on the GPU: NVRTC in the request's latency):\n{}", describe(&others));
             let count = |compiles: &[(&str, u64)]| compiles.iter().map(|c| c.1).sum::<u64>();
-            println!("{name}, {what}: {} launches; compiled {} of CubeK's matmul kernels (none on --matmul cublas) and {} others", new.total_launches(), count(&matmuls), count(&others));
+            println!("{name}, {what}: {} launches; compiled {} kernels sized by exact shape (CubeK's matmuls, none on --matmul cublas; Burn's reductions) and {} others", new.total_launches(), count(&sized), count(&others));
         }
     }
     assert!(offline_cuda::failed().is_empty(), "launches CubeCL could not generate or CUDA would refuse:\n{}", offline_cuda::failed().join("\n\n"));
