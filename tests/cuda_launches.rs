@@ -11,6 +11,9 @@
 //!   picked from each exact size). Checked on the row kernel with Burn's elementwise ops (the
 //!   default), the flash kernel with the fused elementwise kernels, the tiled kernel, and a
 //!   128x64 flash tile with Burn's label ops; the cascade's are counted.
+//! - **What the warm-up compiles from cold**, on the CUDA default and on flash + elementwise
+//!   kernels: CubeK's matmuls (autotune candidates included), tally's kernels, Burn's. On the
+//!   GPU each is an NVRTC compile, most of the cold start.
 //! - **The launch census of one warm S1 request**: launches per request by kernel type (the
 //!   suffix's prefill pass and the item pass), and the host's time to issue them (Burn's fusion
 //!   and CubeCL's launch path, without the driver's ~2–4 µs a launch): where the host, not the
@@ -29,14 +32,15 @@ use std::time::Instant;
 
 use burn_cubecl::CubeBackend;
 use burn_fusion::Fusion;
+use cubecl_runtime::config::{cache::CacheConfig, CubeClRuntimeConfig, RuntimeConfig};
 use half::bf16;
 use offline_cuda::{Counts, OfflineCuda, OfflineDevice};
 use tally_core::{ModelLimits, PassBudget, ScoreInput};
 use tally_engine::{Scorer, ScorerOptions};
 use tally_model::{AttentionRoute, ElementwiseRoute, LabelRoute, Routes, TileShape};
 
-/// What `tally serve --backend cuda` runs in bfloat16.
-type Served = Fusion<CubeBackend<OfflineCuda<1>, bf16, i32, u8>>;
+/// What `tally serve --backend cuda` runs in bfloat16, on offline device `ID`.
+type Served<const ID: u16> = Fusion<CubeBackend<OfflineCuda<ID>, bf16, i32, u8>>;
 
 /// The largest pass the server takes from an H100's free memory (`MAX_DEVICE_PASS_TOKENS`).
 const PASS_TOKENS: usize = tally_core::plan::MAX_DEVICE_PASS_TOKENS;
@@ -61,12 +65,13 @@ fn other_routes() -> [(&'static str, Routes); 2] {
 /// and item lengths), so new requests compile new ones, as CubeK's matmuls do.
 const CASCADE: (&str, Routes) = ("cascade attention, burn elementwise", Routes { attention: AttentionRoute::Cascade, elementwise: ElementwiseRoute::Burn, labels: LabelRoute::Kernel });
 
-fn scorer(layers: usize) -> Scorer<Served> {
+/// The server's scorer on a fresh offline device `ID` (nothing compiled, nothing tuned).
+fn scorer<const ID: u16>(layers: usize) -> Scorer<Served<ID>> {
     let mut config = tally_model::presets::preset("qwen3-0.6b").expect("a preset");
     config.num_hidden_layers = layers;
     let opened = tally_model::random::random_model(&config, 0).expect("random weights");
     let options = ScorerOptions { pass_budget: PassBudget { max_tokens: PASS_TOKENS, ..PassBudget::default() }, prefix_cache_bytes: 1 << 30, ..ScorerOptions::default() };
-    Scorer::from_opened(opened, "qwen3-0.6b".into(), &OfflineDevice::<1>, options, &mut |_, _| {}).expect("the model loads")
+    Scorer::from_opened(opened, "qwen3-0.6b".into(), &OfflineDevice::<ID>, options, &mut |_, _| {}).expect("the model loads")
 }
 
 /// Deterministic token ids: `len` of them, different for each `seed`.
@@ -123,7 +128,7 @@ fn compiles(counts: &Counts) -> (Vec<(&'static str, u64)>, Vec<(&'static str, u6
 /// After the warm-up, the traffic compiles nothing but kernels sized by exact shape, on each
 /// route but the cascade (counted only).
 fn nothing_compiles_after_the_warm_up() {
-    let mut scorer = scorer(3);
+    let mut scorer = scorer::<1>(3);
     let limits = scorer.preparer().limits();
     for (name, routes) in routes().into_iter().chain(other_routes()).chain([CASCADE]) {
         let held_to_it = routes != CASCADE.1;
@@ -145,10 +150,65 @@ fn nothing_compiles_after_the_warm_up() {
     assert!(offline_cuda::failed().is_empty(), "launches CubeCL could not generate or CUDA would refuse:\n{}", offline_cuda::failed().join("\n\n"));
 }
 
+/// What the warm-up compiles from cold on the two routes of [`routes`], each on a device of its
+/// own. On the GPU each compile is an NVRTC call unless the PTX cache has it, and each matmul
+/// shape class an autotune that compiles and times every candidate: together, most of the cold
+/// start the issue wants under 60 s.
+fn what_the_warm_up_compiles_from_cold() {
+    let [default, flash] = routes();
+    let default = warm_up_compiles::<2>(default);
+    let flash = warm_up_compiles::<3>(flash);
+    // The flash route's layers are tally's kernels where the default's are Burn's fused
+    // elementwise ops and reductions, each compiled per fusion trace and size class.
+    assert!(flash.burn < default.burn, "the flash and elementwise kernels route compiles fewer of Burn's kernels in its warm-up: {flash:?} against {default:?}");
+}
+
+/// Kernels a warm-up compiled, by whose they are.
+#[derive(Debug)]
+struct WarmUpCompiles {
+    cubek_matmuls: u64,
+    tally: u64,
+    burn: u64,
+}
+
+fn warm_up_compiles<const ID: u16>((name, routes): (&str, Routes)) -> WarmUpCompiles {
+    let mut scorer = scorer::<ID>(3);
+    scorer.set_routes(routes);
+    let steps = scorer.warmup_steps();
+    let before = offline_cuda::counts();
+    let start = Instant::now();
+    scorer.warm_up(&steps, &mut |_, _, _| {}).expect("the warm-up runs");
+    let seconds = start.elapsed().as_secs_f64();
+    let new = offline_cuda::counts().since(&before);
+    let compiled = |whose: &dyn Fn(&str) -> bool| new.compiles.iter().filter(|(kernel, _)| whose(kernel)).map(|(_, &n)| n).sum::<u64>();
+    let compiles = WarmUpCompiles {
+        cubek_matmuls: compiled(&|kernel| kernel.starts_with("cubek_matmul::")),
+        tally: compiled(&|kernel| kernel.starts_with("tally_shaders::")),
+        burn: compiled(&|kernel| !kernel.starts_with("cubek_matmul::") && !kernel.starts_with("tally_shaders::")),
+    };
+    let WarmUpCompiles { cubek_matmuls, tally, burn } = compiles;
+    println!(
+        "{name}: the warm-up's {} steps launched {} kernels and compiled {}: {cubek_matmuls} of CubeK's matmuls (autotune candidates included; none on --matmul cublas), {tally} of tally's, {burn} of Burn's and CubeCL's others ({seconds:.1} s here, NVRTC not included)",
+        steps.len(),
+        new.total_launches(),
+        cubek_matmuls + tally + burn,
+    );
+    let mut others: Vec<(String, u64)> = new.compiles.iter().filter(|(kernel, _)| !kernel.starts_with("cubek_matmul::")).map(|(kernel, &n)| (short_name(kernel), n)).collect();
+    others.sort_by_key(|(kernel, n)| (std::cmp::Reverse(*n), kernel.clone()));
+    println!("  compiled besides the matmuls: {}", others.iter().map(|(kernel, n)| format!("{n} {kernel}")).collect::<Vec<_>>().join(", "));
+    compiles
+}
+
+/// A kernel type's name without its path and generic arguments: `ElemwiseFuse`.
+fn short_name(kernel: &str) -> String {
+    let bare = kernel.split('<').next().unwrap_or(kernel);
+    bare.rsplit("::").next().unwrap_or(bare).to_owned()
+}
+
 /// The launches of one warm S1 request on Qwen3-0.6B's 28 layers, by kernel type, and the host
 /// time to issue them.
 fn the_launch_census_of_a_warm_s1_request() {
-    let mut scorer = scorer(28);
+    let mut scorer = scorer::<1>(28);
     let limits = scorer.preparer().limits();
     let mut report = Vec::new();
     for (name, routes) in routes() {
@@ -210,6 +270,12 @@ fn main() {
             report_panic(info);
         }
     }));
+    // Every run tunes from cold, as on a clean machine: CubeCL's autotune cache would otherwise
+    // persist in the crate's `target/` and change which kernels a later run compiles.
+    let autotune_cache = std::env::temp_dir().join(format!("tally-cuda-launches-{}", std::process::id()));
+    let mut config = CubeClRuntimeConfig::default();
+    config.autotune.cache = CacheConfig::File(autotune_cache.clone());
+    CubeClRuntimeConfig::set(config);
     let mut args = libtest_mimic::Arguments::from_args();
     // The counts are the process's: one trial at a time.
     args.test_threads = Some(1);
@@ -218,10 +284,16 @@ fn main() {
             nothing_compiles_after_the_warm_up();
             Ok(())
         }),
+        libtest_mimic::Trial::test("what_the_warm_up_compiles_from_cold", || {
+            what_the_warm_up_compiles_from_cold();
+            Ok(())
+        }),
         libtest_mimic::Trial::test("the_launch_census_of_a_warm_s1_request", || {
             the_launch_census_of_a_warm_s1_request();
             Ok(())
         }),
     ];
-    libtest_mimic::run(&args, trials).exit()
+    let conclusion = libtest_mimic::run(&args, trials);
+    let _ = std::fs::remove_dir_all(autotune_cache);
+    conclusion.exit()
 }
