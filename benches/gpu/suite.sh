@@ -283,24 +283,30 @@ load_stage() {
 # it, CubeCL keeps both caches under $XDG_CACHE_HOME/cubecl.
 coldstart_stage() {
     make_model || return 1
-    local ok=0 port=18124 matmul=${matmuls%% *} home=$bin/coldstart-cache run=$bin/coldstart-cwd
-    rm -rf $home $run && mkdir -p $home $run
-    printf '[compilation]\ncache = "target"\n' >$run/cubecl.toml
-    for caches in empty filled; do
-        local start server ready
-        start=$(date +%s.%N)
-        (cd $run && XDG_CACHE_HOME=$home exec "$cuda" serve --model $model --backend $gpu --dtype $load_dtype $(matmul_flags $matmul) --port $port) \
-            >"$out/coldstart-$caches.log" 2>&1 &
-        server=$!
-        for _ in $(seq 4800); do curl -sf localhost:$port/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 0.25; done
-        ready=$(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $start }")
-        if curl -sf localhost:$port/health >/dev/null; then
-            echo "coldstart, $caches caches: ready in $ready s ($(grep -ho 'warmed up in [0-9.]* s' "$out/coldstart-$caches.log"))"
-            echo "{\"benchmark\":\"coldstart\",\"caches\":\"$caches\",\"seconds_to_ready\":$ready,\"backend\":\"$gpu\",\"dtype\":\"$load_dtype\",\"matmul\":\"$matmul\",\"model\":\"$(basename $model)\"}" >"$out/coldstart-$caches.json"
-        else
-            echo "coldstart: the server did not come up (coldstart-$caches.log)"; ok=1
-        fi
-        kill -TERM $server 2>/dev/null; wait $server
+    local ok=0 port=18124 matmul=${matmuls%% *} routes flags
+    # The route the scenarios run first with tally's elementwise kernels (the offline count of
+    # what its warm-up compiles is a tenth of the defaults' on cuBLASLt), then the defaults.
+    for routes in "${attentions%% *}-elementwise-kernels" defaults; do
+        flags=""; [ $routes = defaults ] || flags="--attention ${attentions%% *} --elementwise kernels ${tile_flags[*]}"
+        local home=$bin/coldstart-cache-$routes run=$bin/coldstart-cwd-$routes
+        rm -rf $home $run && mkdir -p $home $run
+        printf '[compilation]\ncache = "target"\n' >$run/cubecl.toml
+        for caches in empty filled; do
+            local start server ready name=coldstart-$routes-$caches
+            start=$(date +%s.%N)
+            (cd $run && XDG_CACHE_HOME=$home exec "$cuda" serve --model $model --backend $gpu --dtype $load_dtype $(matmul_flags $matmul) $flags --port $port) \
+                >"$out/$name.log" 2>&1 &
+            server=$!
+            for _ in $(seq 4800); do curl -sf localhost:$port/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 0.25; done
+            ready=$(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $start }")
+            if curl -sf localhost:$port/health >/dev/null; then
+                echo "coldstart, $routes, $caches caches: ready in $ready s ($(grep -ho 'warmed up in [0-9.]* s' "$out/$name.log"))"
+                echo "{\"benchmark\":\"coldstart\",\"routes\":\"$routes\",\"caches\":\"$caches\",\"seconds_to_ready\":$ready,\"backend\":\"$gpu\",\"dtype\":\"$load_dtype\",\"matmul\":\"$matmul\",\"model\":\"$(basename $model)\"}" >"$out/$name.json"
+            else
+                echo "coldstart, $routes: the server did not come up ($name.log)"; ok=1
+            fi
+            kill -TERM $server 2>/dev/null; wait $server
+        done
     done
     return $ok
 }
