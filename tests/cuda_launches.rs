@@ -117,7 +117,12 @@ fn describe(compiles: &[(&str, u64)]) -> String {
 /// fused or not (cube and plane counts from the number of rows reduced; which strategy runs is
 /// the autotune's pick, so which ids a request meets varies with the timings).
 fn is_sized_by_exact_shape(kernel: &str) -> bool {
-    kernel.starts_with("cubek_matmul::") || kernel.starts_with("cubek_reduce::") || kernel.starts_with("burn_cubecl_fusion::optim::reduce")
+    kernel.starts_with("cubek_matmul::") || is_burn_reduction(kernel)
+}
+
+/// Burn's reductions, fused or not.
+fn is_burn_reduction(kernel: &str) -> bool {
+    kernel.starts_with("cubek_reduce::") || kernel.starts_with("burn_cubecl_fusion::optim::reduce")
 }
 
 /// `counts`' compilations: the kernels sized by exact shape, and every other kernel.
@@ -161,6 +166,8 @@ fn what_the_warm_up_compiles_from_cold() {
     // The flash route's layers are tally's kernels where the default's are Burn's fused
     // elementwise ops and reductions, each compiled per fusion trace and size class.
     assert!(flash.burn < default.burn, "the flash and elementwise kernels route compiles fewer of Burn's kernels in its warm-up: {flash:?} against {default:?}");
+    // Every norm on that route is tally's kernel, the final one too.
+    assert_eq!(flash.burn_reductions, 0, "the elementwise kernels route compiled Burn's reductions: {flash:?}");
 }
 
 /// Kernels a warm-up compiled, by whose they are.
@@ -169,6 +176,8 @@ struct WarmUpCompiles {
     cubek_matmuls: u64,
     tally: u64,
     burn: u64,
+    /// Of `burn`: [Burn's reductions](is_burn_reduction).
+    burn_reductions: u64,
 }
 
 fn warm_up_compiles<const ID: u16>((name, routes): (&str, Routes)) -> WarmUpCompiles {
@@ -185,8 +194,9 @@ fn warm_up_compiles<const ID: u16>((name, routes): (&str, Routes)) -> WarmUpComp
         cubek_matmuls: compiled(&|kernel| kernel.starts_with("cubek_matmul::")),
         tally: compiled(&|kernel| kernel.starts_with("tally_shaders::")),
         burn: compiled(&|kernel| !kernel.starts_with("cubek_matmul::") && !kernel.starts_with("tally_shaders::")),
+        burn_reductions: compiled(&is_burn_reduction),
     };
-    let WarmUpCompiles { cubek_matmuls, tally, burn } = compiles;
+    let WarmUpCompiles { cubek_matmuls, tally, burn, .. } = compiles;
     println!(
         "{name}: the warm-up's {} steps launched {} kernels and compiled {}: {cubek_matmuls} of CubeK's matmuls (autotune candidates included; none on --matmul cublas), {tally} of tally's, {burn} of Burn's and CubeCL's others ({seconds:.1} s here, NVRTC not included)",
         steps.len(),

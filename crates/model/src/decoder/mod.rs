@@ -156,7 +156,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
         let last_rows = Tensor::<B, 1, Int>::from_data(TensorData::new(last_rows, [layout.items()]), &self.device());
         let hidden = self.forward(&tokens, &layout, queries, &group_queries, Keep::Rows(last_rows)).expect("a pass keeping rows returns them");
         // On the elementwise route the model's layers take: on CUDA, Burn's norm is a mean
-        // reduction autotuned per item count, ~20 kernels compiled in a cold start.
+        // reduction autotuned per item count, ~30 kernels compiled in a cold start.
         let (_, normed) = self.elementwise().add_rms_norm(hidden, None, &self.final_norm);
         normed
     }
