@@ -91,8 +91,7 @@ pub fn prefill_queries<B: ScoringBackend>(
         let mut pending: Vec<&[u32]> = Vec::new();
         for &query in &missed {
             let part = &query[..aligned_len(query)];
-            let covered = |cache: &mut PrefixLru<B>| cache.longest_prefix(part).is_some_and(|kv| kv.len() == part.len());
-            if !part.is_empty() && !pending.contains(&part) && !covered(cache) {
+            if !part.is_empty() && !pending.contains(&part) && !cache.covers(part) {
                 pending.push(part);
             }
         }

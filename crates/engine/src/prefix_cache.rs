@@ -53,6 +53,11 @@ impl<B: Backend> PrefixLru<B> {
         Some(entry.prefix.truncated(len))
     }
 
+    /// Whether a cached query is `tokens` or begins with it (counted as used, as a lookup is).
+    pub fn covers(&mut self, tokens: &[u32]) -> bool {
+        self.longest_prefix(tokens).is_some_and(|kv| kv.len() == tokens.len())
+    }
+
     /// Stores a prefix, evicting the least recently used ones to make room. A prefix larger than
     /// the whole cache is not stored.
     pub fn insert(&mut self, tokens: &[u32], prefix: QueryKv<B>) {
