@@ -117,7 +117,11 @@ fn describe(compiles: &[(&str, u64)]) -> String {
 /// fused or not (cube and plane counts from the number of rows reduced; which strategy runs is
 /// the autotune's pick, so which ids a request meets varies with the timings).
 fn is_sized_by_exact_shape(kernel: &str) -> bool {
-    kernel.starts_with("cubek_matmul::") || is_burn_reduction(kernel)
+    is_cubek_matmul(kernel) || is_burn_reduction(kernel)
+}
+
+fn is_cubek_matmul(kernel: &str) -> bool {
+    kernel.starts_with("cubek_matmul::")
 }
 
 /// Burn's reductions, fused or not.
@@ -191,9 +195,9 @@ fn warm_up_compiles<const ID: u16>((name, routes): (&str, Routes)) -> WarmUpComp
     let new = offline_cuda::counts().since(&before);
     let compiled = |whose: &dyn Fn(&str) -> bool| new.compiles.iter().filter(|(kernel, _)| whose(kernel)).map(|(_, &n)| n).sum::<u64>();
     let compiles = WarmUpCompiles {
-        cubek_matmuls: compiled(&|kernel| kernel.starts_with("cubek_matmul::")),
-        tally: compiled(&|kernel| kernel.starts_with("tally_shaders::")),
-        burn: compiled(&|kernel| !kernel.starts_with("cubek_matmul::") && !kernel.starts_with("tally_shaders::")),
+        cubek_matmuls: compiled(&is_cubek_matmul),
+        tally: compiled(&offline_cuda::is_tallys),
+        burn: compiled(&|kernel| !is_cubek_matmul(kernel) && !offline_cuda::is_tallys(kernel)),
         burn_reductions: compiled(&is_burn_reduction),
     };
     let WarmUpCompiles { cubek_matmuls, tally, burn, .. } = compiles;
@@ -203,7 +207,7 @@ fn warm_up_compiles<const ID: u16>((name, routes): (&str, Routes)) -> WarmUpComp
         new.total_launches(),
         cubek_matmuls + tally + burn,
     );
-    let mut others: Vec<(String, u64)> = new.compiles.iter().filter(|(kernel, _)| !kernel.starts_with("cubek_matmul::")).map(|(kernel, &n)| (short_name(kernel), n)).collect();
+    let mut others: Vec<(String, u64)> = new.compiles.iter().filter(|(kernel, _)| !is_cubek_matmul(kernel)).map(|(kernel, &n)| (short_name(kernel), n)).collect();
     others.sort_by_key(|(kernel, n)| (std::cmp::Reverse(*n), kernel.clone()));
     println!("  compiled besides the matmuls: {}", others.iter().map(|(kernel, n)| format!("{n} {kernel}")).collect::<Vec<_>>().join(", "));
     compiles

@@ -65,8 +65,13 @@ pub struct CudaSource {
 
 impl CudaSource {
     pub fn is_tallys(&self) -> bool {
-        self.kernel_type.starts_with(TALLYS_KERNELS)
+        is_tallys(self.kernel_type)
     }
+}
+
+/// Whether the kernel of Rust type `kernel_type` is one of tally's.
+pub fn is_tallys(kernel_type: &str) -> bool {
+    kernel_type.starts_with(TALLYS_KERNELS)
 }
 
 /// Every distinct kernel compiled so far in this process, by source.
