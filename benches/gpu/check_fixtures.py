@@ -72,7 +72,7 @@ def main():
     parser.add_argument("--backend", default="cuda")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--attention", default="kernel", choices=["kernel", "tiled", "flash", "cascade"])
-    parser.add_argument("--elementwise", default="burn", choices=["burn", "kernels"])
+    parser.add_argument("--elementwise", default="auto", choices=["auto", "burn", "kernels"], help="auto: the backend's default (kernels on CUDA and the CPU, burn on wgpu)")
     parser.add_argument("--matmul", default="cubecl", choices=["cubecl", "cublas", "cublas-sync", "block"],
                         help="cublas-sync: cuBLASLt with host syncs around each GEMM (--cublas-ordering sync)")
     parser.add_argument("--tolerance", type=float, default=1e-3)

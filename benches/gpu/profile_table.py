@@ -26,16 +26,19 @@ def last_table(lines):
         return []
     rows = []
     for line in lines[start + 1:]:
+        # Kernel names hold '|' themselves (CubeCL writes generics as `Kernel | Runtime | ...`):
+        # the last three cells are the numbers, the name is all before them.
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 3:
+        if len(cells) < 4:
             if rows:
                 break
             continue
-        if cells[0] == "Total":
+        name, duration, count = " | ".join(cells[:-3]), cells[-3], cells[-2]
+        if name == "Total":
             break
-        ms = milliseconds(cells[1])
-        if ms is not None and cells[2].isdigit():
-            rows.append((cells[0], ms, int(cells[2])))
+        ms = milliseconds(duration)
+        if ms is not None and count.isdigit():
+            rows.append((name, ms, int(count)))
     return rows
 
 
@@ -71,6 +74,7 @@ def main():
         out += [f"CubeCL kernels: {total:.1f} ms over {sum(c for _, _, c in rows)} launches, {len(rows)} distinct kernels.", "",
                 "| # | kernel | ms | launches | share |", "|---|---|---|---|---|"]
         for i, (name, ms, calls) in enumerate(sorted(rows, key=lambda r: -r[1])[: args.top], 1):
+            name = name.replace(" | ", " / ")  # a '|' would end the markdown cell
             short = name if len(name) <= 110 else name[:107] + "..."
             out.append(f"| {i} | `{short}` | {ms:.2f} | {calls} | {100 * ms / total:.1f} % |")
         by_category = {}

@@ -40,9 +40,15 @@ pub struct ScenarioArgs {
     /// Where to write the JSON result.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// After the timed requests, one more inside CUDA's profiler range (cuProfilerStart/Stop),
-    /// for `ncu --profile-from-start off`: the last request's query again (a prefix-cache hit, so
-    /// only the item passes run) with new items. Not in the timings. CUDA only.
+    /// After the timed requests, one more (not in the timings): the last request's query again
+    /// (a prefix-cache hit, so only the item passes run) with new items, the device synced before
+    /// and after it so that a per-kernel profile covers it alone: CubeCL's
+    /// (`CUBECL_DEBUG_OPTION=profile`, which prints and resets its table at each sync) and, on
+    /// CUDA, the cuBLASLt GEMM table (reset as the request starts).
+    #[arg(long)]
+    pub profiled_request: bool,
+    /// The profiled request (implied) inside CUDA's profiler range (cuProfilerStart/Stop), for
+    /// `ncu --profile-from-start off`. CUDA only.
     #[arg(long)]
     pub cuda_profiler_range: bool,
 }
@@ -54,23 +60,23 @@ impl ScenarioArgs {
     }
 }
 
-/// Starts (`true`) or stops a device profiler's range: `--cuda-profiler-range`'s hook, where the
-/// backend has one.
-pub type ProfilerSwitch<'a> = &'a dyn Fn(bool) -> Result<()>;
+/// What brackets the profiled request (`--profiled-request`), from the code that knows the backend.
+pub struct ProfiledRequestEdges<'a> {
+    /// Waits for every launch so far (CubeCL prints and resets its profile table at a sync).
+    pub sync: &'a dyn Fn() -> Result<()>,
+    /// On CUDA: starts (`true`) or stops the profiler's range, the cuBLASLt table reset at the start.
+    pub cuda: Option<&'a dyn Fn(bool) -> Result<()>>,
+}
 
 /// Runs the scenario on a scorer loaded with [`ScenarioArgs::prefix_cache_bytes`]; prints the table
 /// and returns the result.
-pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_on: &RunsOn, profiler: Option<ProfilerSwitch>) -> Result<Value> {
+pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_on: &RunsOn, edges: ProfiledRequestEdges) -> Result<Value> {
     let (static_tokens, suffix_tokens, item_tokens) = match args.scenario {
     Scenario::S1 => (2000, 20, 20),
     Scenario::S2 => (1900, 10, 10),
     };
     ensure!(args.requests > 0 && args.items > 0, "--requests and --items must be positive");
-    let profiler = match (args.cuda_profiler_range, profiler) {
-        (false, _) => None,
-        (true, Some(profiler)) => Some(profiler),
-        (true, None) => anyhow::bail!("--cuda-profiler-range needs --backend cuda (in a build with feature `cuda`)"),
-    };
+    ensure!(!args.cuda_profiler_range || edges.cuda.is_some(), "--cuda-profiler-range needs --backend cuda (in a build with feature `cuda`)");
     let vocab = scorer.preparer().limits().vocab_size as u64;
     // "Yes" / "No" in the Qwen3 tokenizer when the vocabulary has them.
     let labels: Vec<i64> = if vocab > 9454 { vec![9454, 2753] } else { vec![0, 1] };
@@ -101,15 +107,19 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
     let warm_requests = (args.requests - 1) as f64;
     let warm_prefill_tokens = (args.requests > 1).then(|| (stats.prefill_tokens.load(Relaxed) - after_cold.0) as f64 / warm_requests);
     let warm_passes = (args.requests > 1).then(|| (stats.pass_items.count() - after_cold.1) as f64 / warm_requests);
-    if let Some(profiler) = profiler {
+    if args.profiled_request || args.cuda_profiler_range {
         let items: Vec<Vec<i64>> = (0..args.items).map(|_| ids(item_tokens)).collect();
         let input = scorer.preparer().prepare(&request(&query, items))?;
-        profiler(true)?;
+        let cuda = |active: bool| edges.cuda.map_or(Ok(()), |cuda| cuda(active));
+        (edges.sync)()?;
+        cuda(true)?;
         // Scores are read back before it returns, so every launch of the request has finished.
         let scores = scorer.score_batch(&[&input]);
-        profiler(false)?;
+        cuda(false)?;
+        (edges.sync)()?;
         ensure!(scores?.remove(0).len() == args.items, "scoring returned malformed scores");
-        println!("profiled: one more request, its query a prefix-cache hit, inside CUDA's profiler range");
+        let range = if edges.cuda.is_some() { ", inside CUDA's profiler range" } else { "" };
+        println!("profiled: one more request, its query a prefix-cache hit, between two device syncs{range}");
     }
 
     let row = |s: f64| json!({"items_per_second": args.items as f64 / s, "ms_per_item": s * 1e3 / args.items as f64, "total_seconds": s});

@@ -38,6 +38,10 @@ pub enum DType {
 /// Which multi-item attention runs (`tally_model::AttentionRoute`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Attention {
+    /// The backend's faster: `flash` on CUDA (an H200 in bfloat16, S1: 2.6x the row kernel end
+    /// to end, `benches/results/gpu-h200-2026-11-26/`), `kernel` on wgpu (not yet timed on a
+    /// hardware GPU through wgpu; on lavapipe flash and rows are within 5%) and the CPU.
+    Auto,
     /// tally's multi-item kernel: on wgpu and CUDA one query row per unit (masked tiles never
     /// computed); on the CPU blocks of rows over the cores, one softmax over prefix and item.
     Kernel,
@@ -77,6 +81,9 @@ impl From<Elementwise> for tally_model::ElementwiseRoute {
 /// Which kernel or library multiplies (`tally_model::MatmulRoute`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Matmul {
+    /// `cublas` on CUDA where libcublasLt loads (an H200 in bfloat16: no autotuning, so half the
+    /// cold start, and S1 as fast or faster), else `cubecl`.
+    Auto,
     /// CubeCL's autotuned kernels (cubek); on the CPU and wgpu the only choice.
     Cubecl,
     /// cuBLASLt (CUDA only; libcublasLt loaded at run time): float32 accumulation, no tf32.
@@ -124,9 +131,9 @@ pub struct DeviceArgs {
     pub backend: BackendKind,
     #[arg(long, value_enum, default_value_t = DType::Float32)]
     pub dtype: DType,
-    #[arg(long, value_enum, default_value_t = Attention::Kernel)]
+    #[arg(long, value_enum, default_value_t = Attention::Auto)]
     pub attention: Attention,
-    #[arg(long, value_enum, default_value_t = Matmul::Cubecl)]
+    #[arg(long, value_enum, default_value_t = Matmul::Auto)]
     pub matmul: Matmul,
     /// How `--matmul cublas` orders its GEMMs with CubeCL's kernels (default: stream).
     #[arg(long, value_enum)]
@@ -135,12 +142,14 @@ pub struct DeviceArgs {
     pub elementwise: Elementwise,
     #[arg(long, value_enum, default_value_t = Weights::Compact)]
     pub weights: Weights,
-    /// Query rows a cube of `--attention tiled|flash` takes (16 per plane of 32 units).
-    #[arg(long, default_value = "64", value_parser = tile_size(["16", "32", "64", "128"]))]
-    pub tile_rows: usize,
-    /// Keys a step of `--attention tiled|flash` stages and multiplies.
-    #[arg(long, default_value = "16", value_parser = tile_size(["16", "32", "64"]))]
-    pub tile_keys: usize,
+    /// Query rows a cube of `--attention tiled|flash` takes (16 per plane of 32 units; default
+    /// 128 on CUDA, 64 elsewhere: see `tile`).
+    #[arg(long, value_parser = tile_size(["16", "32", "64", "128"]))]
+    pub tile_rows: Option<usize>,
+    /// Keys a step of `--attention tiled|flash` stages and multiplies (default 64 on CUDA, 16
+    /// elsewhere).
+    #[arg(long, value_parser = tile_size(["16", "32", "64"]))]
+    pub tile_keys: Option<usize>,
     /// Key steps `--attention flash` keeps in flight: 2 reads the next step's keys and values
     /// while it computes on this one (one barrier a step); 1 stages and computes in turn.
     #[arg(long, default_value = "2", value_parser = tile_size(["1", "2"]))]
@@ -178,8 +187,8 @@ fn tile_size<const N: usize>(sizes: [&'static str; N]) -> impl clap::builder::Ty
 impl DeviceArgs {
     /// The model's routes these flags ask for (the backend says what it runs for them).
     pub fn routes(&self) -> tally_model::Routes {
-        let attention = match self.attention {
-            Attention::Kernel => tally_model::AttentionRoute::Kernel,
+        let attention = match self.attention() {
+            Attention::Kernel | Attention::Auto => tally_model::AttentionRoute::Kernel,
             Attention::Tiled => tally_model::AttentionRoute::Tiled(self.tile()),
             Attention::Flash => tally_model::AttentionRoute::Flash(self.tile()),
             Attention::Cascade => tally_model::AttentionRoute::Cascade,
@@ -187,18 +196,38 @@ impl DeviceArgs {
         tally_model::Routes { attention, elementwise: self.elementwise().into(), ..Default::default() }
     }
 
+    /// `--attention`, `auto` resolved for the backend.
+    pub fn attention(&self) -> Attention {
+        match (self.attention, self.backend) {
+            (Attention::Auto, BackendKind::Cuda) => Attention::Flash,
+            (Attention::Auto, BackendKind::Wgpu | BackendKind::Cpu) => Attention::Kernel,
+            (asked, _) => asked,
+        }
+    }
+
     /// `--elementwise`, `auto` resolved for the backend.
     pub fn elementwise(&self) -> Elementwise {
         match (self.elementwise, self.backend) {
-            (Elementwise::Auto, BackendKind::Cpu) => Elementwise::Kernels,
-            (Elementwise::Auto, BackendKind::Wgpu | BackendKind::Cuda) => Elementwise::Burn,
+            // On CUDA (H200, bfloat16, S1): 4% faster than Burn's fused ops, and its warm-up
+            // compiles a quarter of the kernels (`cuda_launches`).
+            (Elementwise::Auto, BackendKind::Cpu | BackendKind::Cuda) => Elementwise::Kernels,
+            (Elementwise::Auto, BackendKind::Wgpu) => Elementwise::Burn,
+            (asked, _) => asked,
+        }
+    }
+
+    /// `--matmul`, `auto` resolved for the backend (and, on CUDA, for whether cuBLASLt loads).
+    pub fn matmul(&self) -> Matmul {
+        match (self.matmul, self.backend) {
+            (Matmul::Auto, BackendKind::Cuda) if cublas_loads() => Matmul::Cublas,
+            (Matmul::Auto, _) => Matmul::Cubecl,
             (asked, _) => asked,
         }
     }
 
     /// `--matmul` as results name it: `cublas-sync` for cuBLASLt with host syncs.
     pub fn matmul_label(&self) -> String {
-        match (self.matmul, self.cublas_ordering) {
+        match (self.matmul(), self.cublas_ordering) {
             (Matmul::Cublas, Some(CublasOrdering::Sync)) => "cublas-sync".to_owned(),
             (matmul, _) => format!("{matmul:?}").to_lowercase(),
         }
@@ -206,8 +235,12 @@ impl DeviceArgs {
 
     /// The tile kernels' tile (`--tile-rows`, `--tile-keys`, `--tile-stages`, `--fragment-loads`).
     pub fn tile(&self) -> tally_model::TileShape {
+        // On CUDA the largest tile: 128 rows x 64 keys took one S1 layer's flash attention from
+        // 3.43 ms (64x16) to 2.33 ms on an H200 in bfloat16, the fastest of the six measured.
+        // Elsewhere 64x16, which fits lavapipe's 32 KiB of shared memory at head_dim 128.
+        let (rows, keys) = if self.backend == BackendKind::Cuda { (128, 64) } else { (64, 16) };
         // Every size is among those the flags list, so the shape exists.
-        let shape = tally_model::TileShape::new(self.tile_rows, self.tile_keys).unwrap_or_default();
+        let shape = tally_model::TileShape::new(self.tile_rows.unwrap_or(rows), self.tile_keys.unwrap_or(keys)).unwrap_or_default();
         shape.with_stages(self.tile_stages).unwrap_or(shape).with_loads(self.fragment_loads.into())
     }
 }
@@ -219,8 +252,8 @@ pub trait WithBackend {
 }
 
 pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output> {
-    let DeviceArgs { backend, dtype, matmul, cublas_ordering, .. } = device;
-    pick_matmul(backend, matmul, cublas_ordering)?;
+    let DeviceArgs { backend, dtype, cublas_ordering, .. } = device;
+    pick_matmul(backend, device.matmul(), cublas_ordering)?;
     match (backend, dtype) {
         #[cfg(feature = "ndarray")]
         (BackendKind::Cpu, DType::Float32) => job.run::<burn::backend::NdArray<f32>>(Default::default()),
@@ -247,7 +280,7 @@ pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output>
 fn pick_matmul(backend: BackendKind, matmul: Matmul, cublas_ordering: Option<CublasOrdering>) -> Result<()> {
     anyhow::ensure!(matmul == Matmul::Cublas || cublas_ordering.is_none(), "--cublas-ordering applies to --matmul cublas only");
     match matmul {
-        Matmul::Cubecl => return Ok(()),
+        Matmul::Cubecl | Matmul::Auto => return Ok(()),
         Matmul::Block => {
             anyhow::ensure!(backend != BackendKind::Cpu, "--matmul block is a GPU kernel: it needs --backend wgpu or cuda");
             tally_model::set_matmul_route(tally_model::MatmulRoute::Block);
@@ -269,6 +302,14 @@ fn pick_matmul(backend: BackendKind, matmul: Matmul, cublas_ordering: Option<Cub
         });
     }
     Ok(())
+}
+
+/// Whether cuBLASLt can be loaded (`--matmul auto` takes it on CUDA only then).
+fn cublas_loads() -> bool {
+    #[cfg(feature = "cuda")]
+    return tally_model::cublas::available();
+    #[cfg(not(feature = "cuda"))]
+    false
 }
 
 impl BackendKind {

@@ -4,7 +4,7 @@
 use anyhow::Result;
 use serde_json::Value;
 use tally_bench::report::write_json;
-use tally_bench::scenario::ProfilerSwitch;
+use tally_bench::scenario::ProfiledRequestEdges;
 use tally_bench::RunsOn;
 use tally_model::ScoringBackend;
 
@@ -35,8 +35,10 @@ impl WithBackend for ScenarioCommand {
 
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Value> {
         let scorer = crate::loading::load_scorer::<B>(&self.bench.model, &device, self.bench.prefix_cache_bytes(), self.bench.max_batch_tokens, &self.device)?;
-        let profiler = cuda_profiler(&device);
-        let result = tally_bench::scenario::run(&self.bench, scorer, &runs_on(self.device), profiler.as_ref().map(|switch| switch as ProfilerSwitch));
+        let sync = || B::sync(&device).map_err(|e| anyhow::anyhow!("the device failed: {e:?}"));
+        let cuda = cuda_profiler(&device);
+        let edges = ProfiledRequestEdges { sync: &sync, cuda: cuda.as_ref().map(|switch| switch as &dyn Fn(bool) -> Result<()>) };
+        let result = tally_bench::scenario::run(&self.bench, scorer, &runs_on(self.device), edges);
         #[cfg(feature = "cuda")]
         if let Some(gemms) = tally_model::cublas::profile_table() {
             println!("{gemms}");
@@ -54,12 +56,18 @@ impl WithBackend for AttentionCommand {
     }
 }
 
-/// CUDA's profiler range on `device`, if it is a CUDA device (`--cuda-profiler-range`).
+/// CUDA's profiler range on `device`, if it is a CUDA device, with the cuBLASLt GEMM table reset
+/// as it starts (`--profiled-request`, `--cuda-profiler-range`).
 fn cuda_profiler<D: 'static>(device: &D) -> Option<impl Fn(bool) -> Result<()> + '_> {
     #[cfg(feature = "cuda")]
     {
         let device = tally_model::cuda::as_cuda_device(device)?;
-        Some(move |active| tally_model::cuda::set_profiling(device, active).map_err(anyhow::Error::from))
+        Some(move |active| {
+            if active {
+                tally_model::cublas::reset_profile()?;
+            }
+            tally_model::cuda::set_profiling(device, active).map_err(anyhow::Error::from)
+        })
     }
     #[cfg(not(feature = "cuda"))]
     {
@@ -70,5 +78,5 @@ fn cuda_profiler<D: 'static>(device: &D) -> Option<impl Fn(bool) -> Result<()> +
 
 fn runs_on(device: DeviceArgs) -> RunsOn {
     let name = |value: &dyn std::fmt::Debug| format!("{value:?}").to_lowercase();
-    RunsOn { backend: name(&device.backend), dtype: name(&device.dtype), attention: name(&device.attention), elementwise: name(&device.elementwise()), tile: device.tile().to_string(), matmul: device.matmul_label(), device: device_name(device.backend) }
+    RunsOn { backend: name(&device.backend), dtype: name(&device.dtype), attention: name(&device.attention()), elementwise: name(&device.elementwise()), tile: device.tile().to_string(), matmul: device.matmul_label(), device: device_name(device.backend) }
 }

@@ -426,6 +426,20 @@ fn set_batch(layout: sys::cublasLtMatrixLayout_t, batch: usize, stride: i64) -> 
     Ok(())
 }
 
+/// Forgets the GEMMs timed so far (waiting for those still running), so that
+/// [`profile_table`] covers only what runs after: a profiled request, not the warm-up.
+pub fn reset_profile() -> Result<(), CublasError> {
+    let Some(engines) = ENGINES.get() else { return Ok(()) };
+    let engines: Vec<&'static Mutex<Engine>> = engines.lock().unwrap_or_else(|e| e.into_inner()).values().copied().collect();
+    for engine in engines {
+        let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
+        engine.context.bind_to_thread()?;
+        engine.read_finished_times(true)?;
+        engine.profile.clear();
+    }
+    Ok(())
+}
+
 /// The GEMMs cuBLASLt ran in this process, by shape: calls, time and TFLOP/s, slowest first
 /// (on CubeCL's stream, the GPU time between events around each; host-synced, launch to
 /// completion with the syncs). Waits for GEMMs still running. `None` before the first.

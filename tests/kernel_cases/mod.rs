@@ -62,6 +62,11 @@ pub fn random(seed: u64, count: usize, scale: f32) -> Vec<f32> {
 }
 
 pub fn tensor<B: Backend, const D: usize>(values: &[f32], shape: [usize; D]) -> Tensor<B, D> {
+    if values.is_empty() {
+        // As the model makes an empty prefix: CUDA refuses to upload data of zero elements (their
+        // strides are not a pitched row-major layout).
+        return Tensor::empty(shape, &Default::default());
+    }
     Tensor::from_data(TensorData::new(values.to_vec(), shape), &Default::default())
 }
 
@@ -73,9 +78,11 @@ pub fn cube<R: CubeRuntime, F: FloatElement, const D: usize>(tensor: Tensor<Cube
     tensor.into_primitive().tensor()
 }
 
+/// NaN everywhere, contiguous: uploaded flat and reshaped, since CUDA pads the rows of a new
+/// tensor to an alignment (a 24-wide float32 row takes 32) and the kernels write contiguous outputs.
 pub fn poisoned<F: FloatElement, const D: usize>(shape: [usize; D]) -> CubeTensor<GpuRuntime> {
     let count = shape.iter().product();
-    cube(tensor::<Gpu<F>, D>(&vec![f32::NAN; count], shape))
+    cube(tensor::<Gpu<F>, 1>(&vec![f32::NAN; count], [count]).reshape(shape))
 }
 
 /// `max |got − expected| / max |expected|`; NaN anywhere fails.
