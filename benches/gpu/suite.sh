@@ -12,7 +12,8 @@
 # TALLY_SUITE_PEER_SCENARIOS narrow them, TALLY_SUITE_KERNEL_TESTS the kernel stage's test
 # executables (kernels kernels_f16 models_on_gpu). TALLY_SUITE_TILE_FLAGS adds flags to every command that
 # runs the tile kernels (e.g. "--fragment-loads elements" should ldmatrix fail on a machine).
-# TALLY_SUITE_NCU_LAUNCHES (80) and TALLY_SUITE_NCU_SECONDS (300) bound the ncu stage.
+# TALLY_SUITE_NCU_LAUNCHES (80) and TALLY_SUITE_NCU_SECONDS (300) bound the ncu stage;
+# TALLY_SUITE_FIXTURE_DTYPES overrides TALLY_SUITE_DTYPES for the fixtures stage.
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,7 +29,7 @@ all_stages="env scenario profile ncu peers attention fixtures kernels coldstart 
 stages=${TALLY_SUITE_STAGES:-$all_stages}
 attentions=${TALLY_SUITE_ATTENTIONS:-flash tiled kernel cascade}
 scenarios=${TALLY_SUITE_SCENARIOS:-s1 s2}
-tiles=${TALLY_SUITE_TILES:-64x16 128x32}
+tiles=${TALLY_SUITE_TILES-64x16 128x32}  # empty: no sweep
 read -r -a tile_flags <<<"${TALLY_SUITE_TILE_FLAGS:-}"
 dry=${TALLY_SUITE_DRY_RUN:-0}
 bin=/tmp/tally-suite
@@ -79,7 +80,9 @@ env_stage() {
 
 fixtures_stage() {
     local ok=0 cases
-    for dtype in $gpu_dtypes; do
+    # TALLY_SUITE_FIXTURE_DTYPES: the fixtures' own dtypes, so a run that times bf16 alone can
+    # still check float32's 1e-3 (cheap beside the scenarios).
+    for dtype in ${TALLY_SUITE_FIXTURE_DTYPES:-$gpu_dtypes}; do
         tol="--tolerance 1e-3"; cases=${TALLY_SUITE_CASES:-}
         # bf16 checks only the mild cases: the sharp ones are beyond any bf16 forward (fixtures-bf16-floor.json).
         [ "$dtype" = bfloat16 ] && tol="--tolerance 3e-2 --packed-tolerance 3e-2" && cases=${TALLY_SUITE_CASES:-mild_bf16}
