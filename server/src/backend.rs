@@ -351,3 +351,50 @@ pub fn device_name(backend: BackendKind) -> String {
         (_, Some(gpu)) => gpu,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auto(backend: BackendKind) -> DeviceArgs {
+        DeviceArgs {
+            backend,
+            dtype: DType::Bfloat16,
+            attention: Attention::Auto,
+            matmul: Matmul::Auto,
+            cublas_ordering: None,
+            elementwise: Elementwise::Auto,
+            weights: Weights::Compact,
+            tile_rows: None,
+            tile_keys: None,
+            tile_stages: 2,
+            fragment_loads: FragmentLoads::Ldmatrix,
+        }
+    }
+
+    /// `auto` is what the GPU runs measured fastest on CUDA, and what it always was elsewhere.
+    #[test]
+    fn auto_routes_resolve_per_backend() {
+        let cuda = auto(BackendKind::Cuda);
+        assert_eq!((cuda.attention(), cuda.elementwise()), (Attention::Flash, Elementwise::Kernels));
+        assert_eq!(cuda.tile().to_string(), "128x64, 2 stages, ldmatrix");
+        assert_eq!(cuda.routes().attention, tally_model::AttentionRoute::Flash(cuda.tile()));
+        // cuBLASLt only where it loads: never in a build without CUDA.
+        assert_eq!(cuda.matmul(), if cublas_loads() { Matmul::Cublas } else { Matmul::Cubecl });
+        for (backend, elementwise) in [(BackendKind::Wgpu, Elementwise::Burn), (BackendKind::Cpu, Elementwise::Kernels)] {
+            let args = auto(backend);
+            assert_eq!((args.attention(), args.matmul(), args.elementwise()), (Attention::Kernel, Matmul::Cubecl, elementwise), "{backend:?}");
+            assert_eq!(args.tile().to_string(), "64x16, 2 stages, ldmatrix", "{backend:?}");
+            assert_eq!(args.routes().attention, tally_model::AttentionRoute::Kernel, "{backend:?}");
+        }
+    }
+
+    /// A route or tile size asked for is what runs, on CUDA too.
+    #[test]
+    fn explicit_choices_win_over_auto() {
+        let asked = DeviceArgs { attention: Attention::Kernel, matmul: Matmul::Cubecl, elementwise: Elementwise::Burn, tile_rows: Some(64), ..auto(BackendKind::Cuda) };
+        assert_eq!((asked.attention(), asked.matmul(), asked.elementwise()), (Attention::Kernel, Matmul::Cubecl, Elementwise::Burn));
+        assert_eq!(asked.tile().to_string(), "64x64, 2 stages, ldmatrix", "the keys not asked for keep CUDA's default");
+        assert_eq!(asked.matmul_label(), "cubecl");
+    }
+}
