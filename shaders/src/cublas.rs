@@ -426,12 +426,15 @@ fn set_batch(layout: sys::cublasLtMatrixLayout_t, batch: usize, stride: i64) -> 
     Ok(())
 }
 
+/// Every device's engine made so far (none before the first GEMM), out of the registry's lock.
+fn engines() -> Vec<&'static Mutex<Engine>> {
+    ENGINES.get().map_or_else(Vec::new, |engines| engines.lock().unwrap_or_else(|e| e.into_inner()).values().copied().collect())
+}
+
 /// Forgets the GEMMs timed so far (waiting for those still running), so that
 /// [`profile_table`] covers only what runs after: a profiled request, not the warm-up.
 pub fn reset_profile() -> Result<(), CublasError> {
-    let Some(engines) = ENGINES.get() else { return Ok(()) };
-    let engines: Vec<&'static Mutex<Engine>> = engines.lock().unwrap_or_else(|e| e.into_inner()).values().copied().collect();
-    for engine in engines {
+    for engine in engines() {
         let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
         engine.context.bind_to_thread()?;
         engine.read_finished_times(true)?;
@@ -445,8 +448,7 @@ pub fn reset_profile() -> Result<(), CublasError> {
 /// completion with the syncs). Waits for GEMMs still running. `None` before the first.
 pub fn profile_table() -> Option<String> {
     let mut rows = Vec::new();
-    let engines: Vec<&'static Mutex<Engine>> = ENGINES.get()?.lock().unwrap_or_else(|e| e.into_inner()).values().copied().collect();
-    for engine in engines {
+    for engine in engines() {
         let mut engine = engine.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(failure) = engine.context.bind_to_thread().map_err(CublasError::from).and_then(|()| engine.read_finished_times(true)) {
             return Some(format!("cuBLASLt GEMMs: their times could not be read: {failure}\n"));
