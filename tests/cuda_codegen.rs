@@ -31,7 +31,9 @@
 //!
 //! Without a toolkit the test is reported ignored; `TALLY_REQUIRE_NVRTC=1` (CI) makes that a
 //! failure. `TALLY_CUDA_CODEGEN_REPORT=FILE` writes the per-kernel table as JSON (committed as
-//! `benches/results/cuda-codegen-sm90a.json`).
+//! `benches/results/cuda-codegen-sm90a.json`); `TALLY_CUDA_CODEGEN_DUMP=DIR` keeps every kernel's
+//! source, PTX and cubin there, for `benches/gpu/sass_mix.py`'s instruction counts;
+//! `TALLY_CUDA_CODEGEN_ONLY=TEXT` compiles only the kernels whose generator's line holds `TEXT`.
 
 #[path = "common/offline_cuda.rs"]
 mod offline_cuda;
@@ -90,10 +92,12 @@ impl Toolkit {
         compile_ptx_with_opts(&kernel.source, options).map(|ptx| ptx.to_src()).map_err(|error| format!("{error:?}"))
     }
 
-    /// `ptxas -v` for `sm_90a`: what the driver's JIT makes of the PTX.
-    fn assemble(&self, ptx: &str, scratch: &Path) -> Result<Resources, String> {
+    /// `ptxas -v` for `sm_90a`: what the driver's JIT makes of the PTX; the cubin goes to
+    /// `cubin` (for `nvdisasm`) or nowhere.
+    fn assemble(&self, ptx: &str, scratch: &Path, cubin: Option<&Path>) -> Result<Resources, String> {
         std::fs::write(scratch, ptx).map_err(|e| e.to_string())?;
-        let output = Command::new(&self.ptxas).args(["-arch=sm_90a", "-v", "-o", "/dev/null"]).arg(scratch).output().map_err(|e| e.to_string())?;
+        let cubin = cubin.unwrap_or(Path::new("/dev/null"));
+        let output = Command::new(&self.ptxas).args(["-arch=sm_90a", "-v", "-o"]).arg(cubin).arg(scratch).output().map_err(|e| e.to_string())?;
         let log = String::from_utf8_lossy(&output.stderr).into_owned();
         if !output.status.success() {
             return Err(log);
@@ -176,8 +180,10 @@ struct Compiled {
     nvrtc_seconds: f64,
 }
 
-/// Compiles `kernels` on all cores (NVRTC takes ~1 s a kernel).
-fn compile_all(toolkit: &Toolkit, kernels: Vec<CudaSource>) -> Vec<Compiled> {
+/// Compiles `kernels` on all cores (NVRTC takes ~1 s a kernel). With `dump`, each kernel's CUDA
+/// source, PTX and cubin are kept there as `<index>.cu|ptx|cubin`, with `index.tsv` saying
+/// which is which (what `benches/gpu/sass_mix.py` reads).
+fn compile_all(toolkit: &Toolkit, kernels: Vec<CudaSource>, dump: Option<&Path>) -> Vec<Compiled> {
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     let queue = std::sync::Mutex::new(kernels.into_iter().enumerate());
     let scratch = std::env::temp_dir().join(format!("tally-cuda-codegen-{}", std::process::id()));
@@ -192,7 +198,14 @@ fn compile_all(toolkit: &Toolkit, kernels: Vec<CudaSource>) -> Vec<Compiled> {
                         let start = std::time::Instant::now();
                         let ptx = toolkit.ptx(&kernel);
                         let nvrtc_seconds = start.elapsed().as_secs_f64();
-                        let outcome = ptx.and_then(|ptx| toolkit.assemble(&ptx, &scratch));
+                        let cubin = dump.map(|dir| {
+                            std::fs::write(dir.join(format!("{index}.cu")), &kernel.source).expect("the dump folder is writable");
+                            if let Ok(ptx) = &ptx {
+                                std::fs::write(dir.join(format!("{index}.ptx")), ptx).expect("the dump folder is writable");
+                            }
+                            dir.join(format!("{index}.cubin"))
+                        });
+                        let outcome = ptx.and_then(|ptx| toolkit.assemble(&ptx, &scratch, cubin.as_deref()));
                         done.push((index, Compiled { kernel, outcome, nvrtc_seconds }));
                     }
                     done
@@ -234,9 +247,19 @@ fn every_kernel_compiles_for_sm_90a(toolkit: &Toolkit) {
     in_float::<f32, 0>();
     in_float::<bf16, 1>();
     let generated = offline_cuda::compiled();
-    let (tallys, others): (Vec<CudaSource>, Vec<CudaSource>) = generated.into_iter().partition(|kernel| kernel.is_tallys());
+    let (mut tallys, others): (Vec<CudaSource>, Vec<CudaSource>) = generated.into_iter().partition(|kernel| kernel.is_tallys());
+    if let Ok(only) = std::env::var("TALLY_CUDA_CODEGEN_ONLY") {
+        tallys.retain(|kernel| kernel.generated_by.contains(&only));
+        println!("TALLY_CUDA_CODEGEN_ONLY: compiling only what {only:?} generated");
+    }
     println!("{} of tally's kernels and {} of Burn's and CubeK's generated; compiling tally's with NVRTC and ptxas for sm_90a", tallys.len(), others.len());
-    let compiled = compile_all(toolkit, tallys);
+    let dump = std::env::var_os("TALLY_CUDA_CODEGEN_DUMP").map(PathBuf::from);
+    if let Some(dir) = &dump {
+        std::fs::create_dir_all(dir).expect("the dump folder can be made");
+        let index: String = tallys.iter().enumerate().map(|(i, k)| format!("{i}\t{}\t{}\n", k.entry_point, k.generated_by)).collect();
+        std::fs::write(dir.join("index.tsv"), index).expect("the dump folder is writable");
+    }
+    let compiled = compile_all(toolkit, tallys, dump.as_deref());
     let report = report(&compiled);
     if let Some(path) = std::env::var_os("TALLY_CUDA_CODEGEN_REPORT") {
         std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap()).expect("the report is written");

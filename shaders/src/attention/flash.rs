@@ -77,14 +77,16 @@ pub(super) trait FragmentMath: 'static + Send + Sync {
     fn quad_sum(value: f32, #[comptime] rows: usize) -> f32;
 }
 
-#[cube(launch)]
+/// Fast math: `exp` as `ex2.approx` and the final division by a row's sum as a reciprocal on
+/// CUDA (`__expf`, `__fdividef`); weights within a few ulp, no NaN or infinity ever enters.
+#[cube(launch_unchecked, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf | FastMath::AllowReciprocal | FastMath::UnsignedZero)]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size>(
+pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size>(
     queries: &Tensor<F>,
-    keys: &Tensor<Vector<F, N>>,
-    values: &Tensor<Vector<F, N>>,
-    prefix_keys: &Tensor<Vector<F, N>>,
-    prefix_values: &Tensor<Vector<F, N>>,
+    keys: &Tensor<Vector<u32, W>>,
+    values: &Tensor<Vector<u32, W>>,
+    prefix_keys: &Tensor<Vector<u32, W>>,
+    prefix_values: &Tensor<Vector<u32, W>>,
     tiles: &Tensor<u32>,
     item_starts: &Tensor<u32>,
     output: &mut Tensor<F>,
@@ -145,8 +147,8 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size>(
         // Stage a step, compute on it, and wait for every unit before restaging.
         for s in 0..steps {
             let step = walk_step(&tile, s, prefix_steps, step_keys);
-            let share = load_share::<F, N>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
-            store_share::<F, N>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
+            let share = load_share::<F, N, W>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+            store_share::<F, N, W>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
             sync_cube();
             flash_step::<F, T>(&tile, &step, &query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, 0usize, scale, head_dim, step_keys, rows);
             sync_cube();
@@ -156,14 +158,14 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size>(
         // memory into registers, then staged in the other; one barrier a step. The read past
         // the walk's end has no keys.
         let first = walk_step(&tile, 0, prefix_steps, step_keys);
-        let share = load_share::<F, N>(&tile, &first, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
-        store_share::<F, N>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
+        let share = load_share::<F, N, W>(&tile, &first, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+        store_share::<F, N, W>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
         sync_cube();
         for s in 0..steps {
             let step = walk_step(&tile, s, prefix_steps, step_keys);
-            let ahead = load_share::<F, N>(&tile, &walk_step(&tile, s + 1, prefix_steps, step_keys), kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+            let ahead = load_share::<F, N, W>(&tile, &walk_step(&tile, s + 1, prefix_steps, step_keys), kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
             flash_step::<F, T>(&tile, &step, &query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows);
-            store_share::<F, N>(&ahead, &mut staged_keys, &mut staged_values, ((s + 1) % 2) * buffer, step_keys, head_dim, units);
+            store_share::<F, N, W>(&ahead, &mut staged_keys, &mut staged_values, ((s + 1) % 2) * buffer, step_keys, head_dim, units);
             sync_cube();
         }
     }
@@ -215,64 +217,113 @@ fn flash_step<F: Float, T: FragmentMath>(
     #[comptime] step_keys: usize,
     #[comptime] rows: usize,
 ) {
-    let (_, lane) = plane_and_lane();
-    // 2. Scores of the plane's rows against the step's keys.
+    // 2. Scores of the plane's rows against the step's keys (unscaled).
     let mut weights = T::scores::<F>(query, staged_keys, staged_at, head_dim, step_keys);
 
-    // 3. Masks and online softmax, each unit on its own elements, a row's quad together.
+    // 3. Masks and online softmax, each unit on its own elements, a row's quad together. Every
+    // row of the tile sees every key of a full prefix step (all but the prefix's last step):
+    // those skip the masks. Uniform over the cube.
+    let masked = !(step.in_prefix && step.count == step_keys);
     #[unroll]
     for half in 0..HALVES {
         let (from, to) = visible_keys(tile, step, rows_state.item_begins[half] as usize, rows_state.tokens[half] as usize);
-        let mut step_max = f32::new(NO_SCORE);
-        #[unroll]
-        for block in 0..comptime![step_keys / 8] {
-            #[unroll]
-            for column in 0..COLUMNS {
-                let e = 2 * half + column;
-                let key = block * 8 + fragment_column(lane, e);
-                let index = block * BLOCK_ELEMENTS + e;
-                let score = weights[index] * scale;
-                weights[index] = score;
-                if key >= from && key < to && score > step_max {
-                    step_max = score;
-                }
-            }
-        }
-        let step_max = T::quad_max(step_max, rows);
-        let previous = rows_state.maxima[half];
-        let mut running_max = previous;
-        if step_max > previous {
-            running_max = step_max;
-        }
-        // exp(0) = 1 while the row has seen nothing; 0-weighted history once it does.
-        let correction = f32::exp(previous - running_max);
-        let mut sum = rows_state.sums[half] * correction;
-        #[unroll]
-        for block in 0..comptime![step_keys / 8] {
-            #[unroll]
-            for column in 0..COLUMNS {
-                let e = 2 * half + column;
-                let key = block * 8 + fragment_column(lane, e);
-                let index = block * BLOCK_ELEMENTS + e;
-                let mut weight = f32::new(0.0);
-                if key >= from && key < to {
-                    weight = f32::exp(weights[index] - running_max);
-                }
-                weights[index] = weight;
-                sum += weight;
-            }
-        }
-        rows_state.maxima[half] = running_max;
-        rows_state.sums[half] = sum;
-        #[unroll]
-        for block in 0..comptime![head_dim / 8] {
-            #[unroll]
-            for column in 0..COLUMNS {
-                accumulated[block * BLOCK_ELEMENTS + 2 * half + column] *= correction;
-            }
-        }
+        online_softmax::<T>(&mut weights, rows_state, accumulated, half, from, to, masked, scale, head_dim, step_keys, rows);
     }
 
     // 4. Add weights × values.
     T::accumulate::<F>(accumulated, &weights, staged_values, staged_at, head_dim, step_keys, rows);
+}
+
+/// Step 3 for one of a unit's rows (`half`): its scores (`weights`' elements of that half,
+/// unscaled) become the weights of the keys it sees — `from..to` of the step where `masked`,
+/// all of them otherwise —, its running maximum and partial sum move on, and its output
+/// fragments are rescaled. Maxima are of unscaled scores (`scale` > 0 keeps their order), each
+/// weight is one `exp(score · scale − max)`, and masks are selects, not branches (a branch per
+/// element cost a reconvergence point each in the sm_90a code). The maximum and the sum run as
+/// one chain per column of the unit's pairs, halving their dependent lengths. `masked` is
+/// uniform over the cube; the quad's exchanges stay outside its branches (on the register
+/// fragments each call site of one allocates its own shared memory).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn online_softmax<T: FragmentMath>(
+    weights: &mut Array<f32>,
+    rows_state: &mut RowsState,
+    accumulated: &mut Array<f32>,
+    half: usize,
+    from: usize,
+    to: usize,
+    masked: bool,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] step_keys: usize,
+    #[comptime] rows: usize,
+) {
+    let (_, lane) = plane_and_lane();
+    let mut column_max = Array::<f32>::new(COLUMNS);
+    #[unroll]
+    for column in 0..COLUMNS {
+        column_max[column] = f32::new(NO_SCORE);
+    }
+    if masked {
+        #[unroll]
+        for block in 0..comptime![step_keys / 8] {
+            #[unroll]
+            for column in 0..COLUMNS {
+                let key = block * 8 + fragment_column(lane, 2 * half + column);
+                let score = select(key >= from && key < to, weights[block * BLOCK_ELEMENTS + 2 * half + column], f32::new(NO_SCORE));
+                column_max[column] = f32::max(column_max[column], score);
+            }
+        }
+    } else {
+        #[unroll]
+        for block in 0..comptime![step_keys / 8] {
+            #[unroll]
+            for column in 0..COLUMNS {
+                column_max[column] = f32::max(column_max[column], weights[block * BLOCK_ELEMENTS + 2 * half + column]);
+            }
+        }
+    }
+    // A row that sees no key yet keeps a maximum of NO_SCORE or NO_SCORE · scale: either is
+    // far below any real score, and its weights and sum stay 0.
+    let step_max = T::quad_max(f32::max(column_max[0], column_max[1]), rows) * scale;
+    let previous = rows_state.maxima[half];
+    let running_max = f32::max(previous, step_max);
+    // exp(0) = 1 while the row has seen nothing; 0-weighted history once it does.
+    let correction = f32::exp(previous - running_max);
+    let mut column_sum = Array::<f32>::new(COLUMNS);
+    column_sum[0] = rows_state.sums[half] * correction;
+    column_sum[1] = f32::new(0.0);
+    if masked {
+        #[unroll]
+        for block in 0..comptime![step_keys / 8] {
+            #[unroll]
+            for column in 0..COLUMNS {
+                let index = block * BLOCK_ELEMENTS + 2 * half + column;
+                let key = block * 8 + fragment_column(lane, 2 * half + column);
+                let weight = select(key >= from && key < to, f32::exp(weights[index] * scale - running_max), f32::new(0.0));
+                weights[index] = weight;
+                column_sum[column] += weight;
+            }
+        }
+    } else {
+        #[unroll]
+        for block in 0..comptime![step_keys / 8] {
+            #[unroll]
+            for column in 0..COLUMNS {
+                let index = block * BLOCK_ELEMENTS + 2 * half + column;
+                let weight = f32::exp(weights[index] * scale - running_max);
+                weights[index] = weight;
+                column_sum[column] += weight;
+            }
+        }
+    }
+    rows_state.maxima[half] = running_max;
+    rows_state.sums[half] = column_sum[0] + column_sum[1];
+    #[unroll]
+    for block in 0..comptime![head_dim / 8] {
+        #[unroll]
+        for column in 0..COLUMNS {
+            accumulated[block * BLOCK_ELEMENTS + 2 * half + column] *= correction;
+        }
+    }
 }

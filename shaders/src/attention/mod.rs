@@ -118,6 +118,8 @@ pub struct AttentionTiles<R: CubeRuntime> {
     tile_count: usize,
     tokens_per_tile: usize,
     tokens: usize,
+    /// The end of the furthest prefix an item reads: the prefix K/V must hold this many tokens.
+    prefix_tokens: usize,
     group: usize,
     kernel: AttentionKernel,
 }
@@ -142,7 +144,9 @@ impl<R: CubeRuntime> AttentionTiles<R> {
             let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
             CubeTensor::new_contiguous(client.clone(), device.clone(), Shape::new([values.len()]), client.create_from_slice(&bytes), DType::U32)
         };
-        AttentionTiles { tiles: upload(tiles), item_starts: upload(item_starts), tile_count, tokens_per_tile, tokens: item_offsets.last().copied().unwrap_or(0), group, kernel }
+        let prefix_tokens = item_prefixes.iter().map(|&(start, len)| start + len).max().unwrap_or(0);
+        let tokens = item_offsets.last().copied().unwrap_or(0);
+        AttentionTiles { tiles: upload(tiles), item_starts: upload(item_starts), tile_count, tokens_per_tile, tokens, prefix_tokens, group, kernel }
     }
 
     /// The tile kernel a call at `head_dim` in `dtype` runs: where its tile fits, with tensor
@@ -215,28 +219,46 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         let tiles = self.tiles;
         assert_eq!(q_heads, kv_heads * tiles.group, "query heads must be {} per KV head, as planned", tiles.group);
         assert_eq!(tiles.tokens, tokens, "the tiles must cover the tokens");
+        // The kernels read what the tiles say without bounds checks: hold the tensors to them.
+        assert_eq!(self.keys.shape().dims::<3>(), [tokens, kv_heads, head_dim], "one key per token");
+        assert_eq!(self.values.shape(), self.keys.shape(), "one value per key");
+        let prefix_shape = self.prefix_keys.shape().dims::<3>();
+        assert!(prefix_shape[0] == kv_heads && prefix_shape[2] == head_dim && prefix_shape[1] >= tiles.prefix_tokens, "the prefix K/V must hold every item's prefix");
+        assert_eq!(self.prefix_values.shape(), self.prefix_keys.shape(), "one prefix value per key");
         assert!(output.is_contiguous(), "the attention output must be contiguous");
         if tokens == 0 {
             return;
         }
         let client = self.queries.client.clone();
         let dtype = self.queries.dtype;
-        let tiled = tiles.tile_kernel(&client, head_dim, dtype);
         let (queries, keys, values) = (into_contiguous(self.queries), into_contiguous(self.keys), into_contiguous(self.values));
         let (prefix_keys, prefix_values) = (into_contiguous(self.prefix_keys), into_contiguous(self.prefix_values));
+        // The tile kernels stage K/V a vector at a time, read as 32-bit words.
+        let staging = staging_width(&client, head_dim, dtype, [&keys, &values, &prefix_keys, &prefix_values]);
+        let tiled = staging.and_then(|_| tiles.tile_kernel(&client, head_dim, dtype));
+        let (width, words) = staging.map_or((1, 1), |width| (width, width * dtype.size() / 4));
         let grid = cubes(tiles.tile_count, kv_heads);
         let scale = (head_dim as f32).powf(-0.5);
-        // The tile kernels stage K/V a vector at a time.
-        let width = staging_width(&client, head_dim, dtype, [&keys, &values, &prefix_keys, &prefix_values]);
-        // Every kernel takes the same tensors; the tile kernels also the K/V vectors' width and
-        // their tile's comptime sizes.
+        // Every kernel takes the same tensors; the tile kernels also the K/V vectors' width in
+        // elements and in words, and their tile's comptime sizes. Launched without CubeCL's bounds checks, which clamp
+        // and select every global and shared access: in the flash kernel's loop they made each
+        // K/V vector read for the next step wait for its data where it was issued, so the
+        // read-ahead hid nothing (sm_90a SASS, NOTES "The flash kernel's instructions").
         macro_rules! launch {
-            ($launch:expr, $units:expr, [$($width:expr)?] $(, $tile_size:expr)*) => {
-                $launch(
+            ($launch:expr, $units:expr, [$($vector_size:expr),*] $(, $tile_size:expr)*) => {
+                // SAFETY: every global and shared access of the attention kernels is inside its
+                // buffer by the kernel's own guards: a cube past the last tile stops, rows
+                // without a token (`NO_ROW`, `active`) neither read a query nor write, K/V reads
+                // stop at the step's key count (`walk_step`: within the prefix length or the
+                // tile's own tokens, both checked against the tensors when the plan is made),
+                // and staged indices stay below the shared tiles' comptime sizes. The kernel
+                // tests check every route at the edges of each tile size with NaN-poisoned
+                // outputs.
+                unsafe { $launch(
                     &client,
                     grid,
                     CubeDim::new_1d($units as u32),
-                    $($width,)?
+                    $($vector_size,)*
                     queries.into_tensor_arg(),
                     keys.into_tensor_arg(),
                     values.into_tensor_arg(),
@@ -250,31 +272,32 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
                     tiles.group,
                     $($tile_size,)*
                     dtype.into(),
-                )
+                ) }
             };
         }
         match tiled {
             Some((TileLoop::SharedSoftmax, TileMath::Mma, shape)) => match shape.loads {
-                FragmentLoads::Ldmatrix => launch!(tiled::tiled_attention_kernel::launch::<mma_tile::MmaTile<mma_tile::Ldmatrix>, R>, tiled::units_per_cube(shape), [width], shape.rows, shape.keys),
-                FragmentLoads::Elements => launch!(tiled::tiled_attention_kernel::launch::<mma_tile::MmaTile<mma_tile::ElementLoads>, R>, tiled::units_per_cube(shape), [width], shape.rows, shape.keys),
+                FragmentLoads::Ldmatrix => launch!(tiled::tiled_attention_kernel::launch_unchecked::<mma_tile::MmaTile<mma_tile::Ldmatrix>, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys),
+                FragmentLoads::Elements => launch!(tiled::tiled_attention_kernel::launch_unchecked::<mma_tile::MmaTile<mma_tile::ElementLoads>, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys),
             },
-            Some((TileLoop::SharedSoftmax, TileMath::Register, shape)) => launch!(tiled::tiled_attention_kernel::launch::<register_tile::RegisterTile, R>, tiled::units_per_cube(shape), [width], shape.rows, shape.keys),
+            Some((TileLoop::SharedSoftmax, TileMath::Register, shape)) => launch!(tiled::tiled_attention_kernel::launch_unchecked::<register_tile::RegisterTile, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys),
             Some((TileLoop::Flash, TileMath::Mma, shape)) => match shape.loads {
-                FragmentLoads::Ldmatrix => launch!(flash::flash_attention_kernel::launch::<mma_tile::MmaFragments<mma_tile::Ldmatrix>, R>, tiled::units_per_cube(shape), [width], shape.rows, shape.keys, shape.stages),
-                FragmentLoads::Elements => launch!(flash::flash_attention_kernel::launch::<mma_tile::MmaFragments<mma_tile::ElementLoads>, R>, tiled::units_per_cube(shape), [width], shape.rows, shape.keys, shape.stages),
+                FragmentLoads::Ldmatrix => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::Ldmatrix>, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages),
+                FragmentLoads::Elements => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::ElementLoads>, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages),
             },
-            Some((TileLoop::Flash, TileMath::Register, shape)) => launch!(flash::flash_attention_kernel::launch::<register_tile::RegisterFragments, R>, tiled::units_per_cube(shape), [width], shape.rows, shape.keys, shape.stages),
-            None => launch!(rows::row_attention_kernel::launch::<R>, tiles.tokens_per_tile * tiles.group, []),
+            Some((TileLoop::Flash, TileMath::Register, shape)) => launch!(flash::flash_attention_kernel::launch_unchecked::<register_tile::RegisterFragments, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages),
+            None => launch!(rows::row_attention_kernel::launch_unchecked::<R>, tiles.tokens_per_tile * tiles.group, []),
         }
     }
 }
 
 /// Elements per vector the tile kernels stage K/V with: the widest the device loads fastest
 /// (16 bytes on CUDA, 4 elements in WGSL) that divides `head_dim` and every K/V tensor's offset
-/// in its buffer.
-fn staging_width<R: CubeRuntime>(client: &ComputeClient<R>, head_dim: usize, dtype: DType, kv: [&CubeTensor<R>; 4]) -> usize {
+/// in its buffer, in whole 32-bit words (the kernels read K/V as words). `None` where no width
+/// is whole words (16-bit K/V at an odd offset): the row kernel takes those.
+fn staging_width<R: CubeRuntime>(client: &ComputeClient<R>, head_dim: usize, dtype: DType, kv: [&CubeTensor<R>; 4]) -> Option<usize> {
     let aligned = |width: usize| kv.iter().all(|tensor| tensor.handle.offset_start.unwrap_or(0).is_multiple_of((width * dtype.size()) as u64));
-    client.io_optimized_vector_sizes(dtype.size()).find(|&width| head_dim.is_multiple_of(width) && aligned(width)).unwrap_or(1)
+    client.io_optimized_vector_sizes(dtype.size()).find(|&width| head_dim.is_multiple_of(width) && (width * dtype.size()).is_multiple_of(4) && aligned(width))
 }
 
 /// Cuts the items into tiles of at most `tokens_per_tile` tokens: whole consecutive items with

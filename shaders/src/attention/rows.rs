@@ -16,7 +16,7 @@ const KEY_TILE: usize = 16;
 /// Units per cube: `tokens per tile × group` rows.
 pub(super) const ROWS_PER_CUBE: usize = 128;
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn row_attention_kernel<F: Float>(
     queries: &Tensor<F>,

@@ -76,14 +76,14 @@ pub(super) fn plane_and_lane() -> (usize, usize) {
     ((unit / LANES) * ROWS_PER_PLANE, unit % LANES)
 }
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn tiled_attention_kernel<F: Float, T: TileMath, N: Size>(
+pub(super) fn tiled_attention_kernel<F: Float, T: TileMath, N: Size, W: Size>(
     queries: &Tensor<F>,
-    keys: &Tensor<Vector<F, N>>,
-    values: &Tensor<Vector<F, N>>,
-    prefix_keys: &Tensor<Vector<F, N>>,
-    prefix_values: &Tensor<Vector<F, N>>,
+    keys: &Tensor<Vector<u32, W>>,
+    values: &Tensor<Vector<u32, W>>,
+    prefix_keys: &Tensor<Vector<u32, W>>,
+    prefix_values: &Tensor<Vector<u32, W>>,
     tiles: &Tensor<u32>,
     item_starts: &Tensor<u32>,
     output: &mut Tensor<F>,
@@ -134,8 +134,8 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath, N: Size>(
         let step = walk_step(&tile, step, prefix_steps, step_keys);
 
         // 1. Stage the step's keys and values.
-        let share = load_share::<F, N>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, comptime![units_per_cube_of(rows)]);
-        store_share::<F, N>(&share, &mut tile_keys, &mut tile_values, 0usize, step_keys, head_dim, comptime![units_per_cube_of(rows)]);
+        let share = load_share::<F, N, W>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, comptime![units_per_cube_of(rows)]);
+        store_share::<F, N, W>(&share, &mut tile_keys, &mut tile_values, 0usize, step_keys, head_dim, comptime![units_per_cube_of(rows)]);
         sync_cube();
 
         // 2. Scores of every row against the step's keys.

@@ -101,11 +101,15 @@ pub(super) fn walk_step(tile: &Tile, step: usize, prefix_steps: usize, #[comptim
 /// A unit's share of one key step's keys and values: vectors `unit + i · units` of the step's
 /// `[keys, head_dim]` ([`load_share`]), held in registers until [`store_share`] stages them.
 /// Between the two the flash kernel computes on the previous step (FlashAttention-2's
-/// pipeline, registers in place of cp.async).
+/// pipeline, registers in place of cp.async). Held as 32-bit words, `W` a vector: as 16-bit
+/// elements (8 separate bf16 values per vector in CubeCL's CUDA code) the zeros for missing keys
+/// and the prefix/own choice joined them right where they were read, so each read for the next
+/// step stalled the unit at once, every unit of the cube together (sm_90a SASS, NOTES "The flash
+/// kernel's instructions"); words go through registers untouched until the store.
 #[derive(CubeType)]
-pub(super) struct StepShare<F: Float, N: Size> {
-    keys: Array<Vector<F, N>>,
-    values: Array<Vector<F, N>>,
+pub(super) struct StepShare<W: Size> {
+    keys: Array<Vector<u32, W>>,
+    values: Array<Vector<u32, W>>,
 }
 
 /// Vectors of one step a unit takes.
@@ -113,36 +117,38 @@ const fn vectors_per_unit(step_keys: usize, head_dim: usize, width: usize, units
     (step_keys * head_dim / width).div_ceil(units)
 }
 
-/// Reads this unit's share of `step`'s keys and values of `kv_head`, `N` elements a vector
-/// (`N` divides `head_dim`; 16 bytes on CUDA), zeros for keys past its count (the tile
-/// multiplies read them: a weight of 0 times a stale NaN would still be NaN).
+/// Reads this unit's share of `step`'s keys and values of `kv_head`, a vector of `N` elements
+/// (`W` words: the same bytes) at a time (`N` divides `head_dim`; 16 bytes on CUDA), zeros
+/// for keys past its count (the tile multiplies read them: a weight of 0 times a stale NaN
+/// would still be NaN). The K/V tensors are the float tensors read as words: only their token
+/// and head dimensions are used.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn load_share<F: Float, N: Size>(
+pub(super) fn load_share<F: Float, N: Size, W: Size>(
     tile: &Tile,
     step: &Step,
     kv_head: usize,
-    keys: &Tensor<Vector<F, N>>,
-    values: &Tensor<Vector<F, N>>,
-    prefix_keys: &Tensor<Vector<F, N>>,
-    prefix_values: &Tensor<Vector<F, N>>,
+    keys: &Tensor<Vector<u32, W>>,
+    values: &Tensor<Vector<u32, W>>,
+    prefix_keys: &Tensor<Vector<u32, W>>,
+    prefix_values: &Tensor<Vector<u32, W>>,
     #[comptime] step_keys: usize,
     #[comptime] head_dim: usize,
     #[comptime] units: usize,
-) -> StepShare<F, N> {
+) -> StepShare<W> {
     let width = N::value();
     let kv_heads = keys.shape(1);
     let prefix_tokens = prefix_keys.shape(1);
     let count = comptime![vectors_per_unit(step_keys, head_dim, width, units)];
-    let mut share_keys = Array::<Vector<F, N>>::new(count);
-    let mut share_values = Array::<Vector<F, N>>::new(count);
+    let mut share_keys = Array::<Vector<u32, W>>::new(count);
+    let mut share_values = Array::<Vector<u32, W>>::new(count);
     #[unroll]
     for i in 0..count {
         let index = UNIT_POS_X as usize + i * units;
         let key = index / comptime![head_dim / width];
         let e = (index % comptime![head_dim / width]) * width;
-        let mut k = Vector::<F, N>::new(F::new(0.0));
-        let mut v = Vector::<F, N>::new(F::new(0.0));
+        let mut k = Vector::<u32, W>::new(0u32);
+        let mut v = Vector::<u32, W>::new(0u32);
         // `key < step.count` also keeps `index` inside the step.
         if key < step.count {
             if step.in_prefix {
@@ -158,14 +164,14 @@ pub(super) fn load_share<F: Float, N: Size>(
         share_keys[i] = k;
         share_values[i] = v;
     }
-    StepShare::<F, N> { keys: share_keys, values: share_values }
+    StepShare::<W> { keys: share_keys, values: share_values }
 }
 
 /// Writes this unit's `share` of a step into the staged tiles (`[keys, head_dim]`, rows
-/// [`staged_row`] apart, from element `staged_at`).
+/// [`staged_row`] apart, from element `staged_at`), its words taken back as `N` elements.
 #[cube]
-pub(super) fn store_share<F: Float, N: Size>(
-    share: &StepShare<F, N>,
+pub(super) fn store_share<F: Float, N: Size, W: Size>(
+    share: &StepShare<W>,
     staged_keys: &mut SharedMemory<F>,
     staged_values: &mut SharedMemory<F>,
     staged_at: usize,
@@ -179,7 +185,8 @@ pub(super) fn store_share<F: Float, N: Size>(
         let index = UNIT_POS_X as usize + i * units;
         if index < comptime![step_keys * head_dim / width] {
             let staged = staged_at + (index / comptime![head_dim / width]) * comptime![staged_row(head_dim)] + (index % comptime![head_dim / width]) * width;
-            let (k, v) = (share.keys[i], share.values[i]);
+            let k = Vector::<F, N>::reinterpret(share.keys[i]);
+            let v = Vector::<F, N>::reinterpret(share.values[i]);
             #[unroll]
             for n in 0..width {
                 staged_keys[staged + n] = k[n];
