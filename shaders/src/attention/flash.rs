@@ -78,7 +78,9 @@ pub(super) trait FragmentMath: 'static + Send + Sync {
 }
 
 /// Fast math: `exp` as `ex2.approx` and the final division by a row's sum as a reciprocal on
-/// CUDA (`__expf`, `__fdividef`); weights within a few ulp, no NaN or infinity ever enters.
+/// CUDA (`__expf`, `__fdividef`), weights within a few ulp. Its promise of no NaN or infinity
+/// holds for finite inputs: masked scores are replaced before they are used, and every
+/// exponential's argument is at most 0.
 #[cube(launch_unchecked, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf | FastMath::AllowReciprocal | FastMath::UnsignedZero)]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size>(
@@ -300,7 +302,8 @@ fn online_softmax<T: FragmentMath>(
             for column in 0..COLUMNS {
                 let index = block * BLOCK_ELEMENTS + 2 * half + column;
                 let key = block * 8 + fragment_column(lane, 2 * half + column);
-                let weight = select(key >= from && key < to, f32::exp(weights[index] * scale - running_max), f32::new(0.0));
+                // A masked key's argument is NO_SCORE: its weight is exp(NO_SCORE) = 0.
+                let weight = f32::exp(select(key >= from && key < to, weights[index] * scale - running_max, f32::new(NO_SCORE)));
                 weights[index] = weight;
                 column_sum[column] += weight;
             }
