@@ -150,11 +150,18 @@ impl<R: CubeRuntime> AttentionTiles<R> {
     }
 
     /// The tile kernel a call at `head_dim` in `dtype` runs: where its tile fits, with tensor
-    /// cores where they take it; `None`: the row kernel, which takes any tile it is given,
-    /// whatever it was cut for. The tiled kernel stages one key step at a time; the flash
-    /// kernel keeps one fewer in flight where its stages don't fit.
+    /// cores where they take it, 16-bit only on tensor cores; `None`: the row kernel, which
+    /// takes any tile it is given, whatever it was cut for. The tiled kernel stages one key step
+    /// at a time; the flash kernel keeps one fewer in flight where its stages don't fit.
     fn tile_kernel(&self, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> Option<(TileLoop, TileMath, TileShape)> {
         let math = if head_dim.is_multiple_of(16) && tensor_core_tiles(client, dtype) { TileMath::Mma } else { TileMath::Register };
+        // The tile kernels read K/V as 32-bit words and take them back as floats of `dtype`.
+        // CUDA's code reinterprets any equal sizes; on wgpu a `vec2<u32>` taken back as
+        // `vec4<f16>` left the f16 kernels' output unwritten (lavapipe), so 16-bit K/V off the
+        // tensor cores take the row kernel.
+        if dtype.size() != 4 && math == TileMath::Register {
+            return None;
+        }
         let fits = |shape: TileShape| tile_fits(shape, client, head_dim, dtype);
         let one_stage = |shape: TileShape| TileShape { stages: 1, ..shape };
         match self.kernel {
