@@ -117,8 +117,9 @@ fn attention_staging_past_one_vector_a_unit() {
 }
 
 fn attention_every_tile_shape() {
-    // Items across every tile size's edges (16/17, 31/33, 64/65, 130), two prefixes.
-    let case = Case { groups: vec![(40, vec![16, 17, 33, 1, 64, 65, 130]), (1, vec![31, 2])], q_heads: 4, kv_heads: 2, head_dim: 32 };
+    // Items across every tile size's edges (16/17, 31/33, 64/65, 130); prefixes just under, at
+    // and past the largest key step (63/64/65: a prefix's last step full, so unmasked, or not).
+    let case = Case { groups: vec![(40, vec![16, 17, 33, 1, 64, 65, 130]), (1, vec![31, 2]), (63, vec![2]), (64, vec![17]), (65, vec![1])], q_heads: 4, kv_heads: 2, head_dim: 32 };
     let expected = case.expected(21);
     let client = client();
     for shape in every_tile_shape() {

@@ -247,17 +247,18 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         let grid = cubes(tiles.tile_count, kv_heads);
         let scale = (head_dim as f32).powf(-0.5);
         // Every kernel takes the same tensors; the tile kernels also the K/V vectors' width in
-        // elements and in words, and their tile's comptime sizes. Launched without CubeCL's bounds checks, which clamp
-        // and select every global and shared access: in the flash kernel's loop they made each
-        // K/V vector read for the next step wait for its data where it was issued, so the
-        // read-ahead hid nothing (sm_90a SASS, NOTES "The flash kernel's instructions").
+        // elements and in words, and their tile's comptime sizes. Launched without CubeCL's
+        // bounds checks, which clamp and select every global and shared access: in the flash
+        // kernel's loop they made each K/V vector read for the next step wait for its data where
+        // it was issued, so the read-ahead hid nothing (sm_90a SASS, NOTES "The flash kernel's
+        // instructions").
         macro_rules! launch {
             ($launch:expr, $units:expr, [$($vector_size:expr),*] $(, $tile_size:expr)*) => {
                 // SAFETY: every global and shared access of the attention kernels is inside its
                 // buffer by the kernel's own guards: a cube past the last tile stops, rows
                 // without a token (`NO_ROW`, `active`) neither read a query nor write, K/V reads
                 // stop at the step's key count (`walk_step`: within the prefix length or the
-                // tile's own tokens, both checked against the tensors when the plan is made),
+                // tile's own tokens, both held to the tensors by the asserts above),
                 // and staged indices stay below the shared tiles' comptime sizes. The kernel
                 // tests check every route at the edges of each tile size with NaN-poisoned
                 // outputs.
