@@ -52,7 +52,7 @@ use half::bf16;
 use kernel_cases::Case;
 use offline_cuda::{CudaSource, OfflineCuda};
 use tally_model::{AttentionRoute, ScoringBackend};
-use tally_shaders::TileShape;
+use tally_shaders::{KvStaging, TileShape};
 
 /// Float type `F` on offline device `ID` (one a float type: see [`offline_cuda::OfflineDevice`]).
 type Offline<F, const ID: u16> = CubeBackend<OfflineCuda<ID>, F, i32, u8>;
@@ -144,7 +144,10 @@ fn attention_routes<F: FloatElement, const ID: u16>() {
         Case { groups: vec![(2020, vec![20, 20, 3]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128 },
     ];
     let variants: Vec<TileShape> = kernel_cases::every_tile_shape().flat_map(|shape| kernel_cases::FRAGMENT_LOADS.map(|loads| shape.with_loads(loads))).collect();
-    let routes = [AttentionRoute::Kernel, AttentionRoute::Cascade].into_iter().chain(variants.iter().flat_map(|&shape| [AttentionRoute::Tiled(shape), AttentionRoute::Flash(shape)]));
+    // The flash kernel's cp.async staging exists with two stages only (one stage reads and
+    // stages in turn).
+    let copy_async = variants.iter().filter(|shape| shape.stages == 2).map(|shape| AttentionRoute::Flash(shape.with_staging(KvStaging::CopyAsync)));
+    let routes = [AttentionRoute::Kernel, AttentionRoute::Cascade].into_iter().chain(variants.iter().flat_map(|&shape| [AttentionRoute::Tiled(shape), AttentionRoute::Flash(shape)])).chain(copy_async);
     for route in routes {
         for (seed, case) in cases.iter().enumerate() {
             offline_cuda::running(format!("{:?} attention {route:?}, {}", F::dtype(), case.name()));

@@ -6,8 +6,8 @@ mod gpu;
 mod kernel_cases;
 
 use burn::tensor::DType;
-use kernel_cases::{assert_close, tensor, Case, Gpu, FRAGMENT_LOADS};
-use tally_shaders::{tensor_core_tiles, AttentionKernel, TileShape};
+use kernel_cases::{assert_close, tensor, Case, Gpu, FRAGMENT_LOADS, KV_STAGINGS};
+use tally_shaders::{tensor_core_tiles, AttentionKernel, KvStaging, TileShape};
 
 fn attention_in_f16_accumulates_in_f32() {
     // f16 inputs and output, f32 inside: only the roundings of f16 remain.
@@ -25,16 +25,21 @@ fn attention_in_f16_accumulates_in_f32() {
     for (seed, case) in cases.iter().enumerate() {
         let expected = case.expected(seed as u64);
         // Both ways of reading fragments, at the default tile and at the largest (8 planes,
-        // 64-key steps: four `ldmatrix.x4` of keys per 16 dimensions).
+        // 64-key steps: four `ldmatrix.x4` of keys per 16 dimensions); the flash kernel's next
+        // step staged both ways (cp.async on tensor cores).
         let tiles = [TileShape::default(), TileShape::new(128, 64).expect("a built shape")]
             .into_iter()
             .flat_map(|shape| FRAGMENT_LOADS.map(|loads| shape.with_loads(loads)));
-        let kernels = std::iter::once(AttentionKernel::Rows).chain(tiles.flat_map(|tile| [AttentionKernel::Tiled(tile), AttentionKernel::Flash(tile)]));
+        let kernels = std::iter::once(AttentionKernel::Rows).chain(tiles.flat_map(|tile| {
+            std::iter::once(AttentionKernel::Tiled(tile)).chain(KV_STAGINGS.map(|staging| AttentionKernel::Flash(tile.with_staging(staging))))
+        }));
         for kernel in kernels {
             let launched = case.launched::<half::f16>(kernel);
             if kernel != AttentionKernel::Rows && tensor_cores {
                 assert!(launched.contains("tensor cores"), "{kernel:?} ran as {launched}, {}", case.name());
             }
+            let asks_copy_async = matches!(kernel, AttentionKernel::Flash(tile) if tile.staging == KvStaging::CopyAsync);
+            assert_eq!(launched.contains("cp-async"), asks_copy_async && tensor_cores, "{kernel:?} ran as {launched}, {}", case.name());
             assert_close(&case.kernel::<half::f16>(seed as u64, kernel), &expected, 1e-2, &format!("f16, {kernel:?} ({launched}), {}", case.name()));
         }
     }

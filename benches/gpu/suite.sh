@@ -104,8 +104,9 @@ fixtures_stage() {
 
 # One layer's attention on every route; in the last dtype (bfloat16 on CUDA: tensor cores) also
 # the tile kernels' other tile shapes (TALLY_SUITE_TILES, rows x keys), to pick their default, and
-# at the default tile the flash kernel with one key step in flight and with its fragments read
-# element by element (each against the defaults: two stages, ldmatrix).
+# at the default tile the flash kernel with one key step in flight, with its fragments read
+# element by element, and with its next step copied by cp.async (each against the defaults: two
+# stages, ldmatrix, the register read-ahead).
 attention_stage() {
     local ok=0 last=${gpu_dtypes##* }
     for dtype in $gpu_dtypes; do
@@ -117,6 +118,7 @@ attention_stage() {
     done
     "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --tile-stages 1 --out "$out/attention-$gpu-$last-one-stage.json" || ok=1
     "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --fragment-loads elements --out "$out/attention-$gpu-$last-element-loads.json" || ok=1
+    "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations "${tile_flags[@]}" --kv-staging cp-async --out "$out/attention-$gpu-$last-cp-async.json" || ok=1
     return $ok
 }
 
@@ -150,6 +152,9 @@ scenario_stage() {
             "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --elementwise burn \
                 --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-elementwise-burn.json" || ok=1
+            # The flash kernel's next key step by cp.async (tensor cores) against the register read-ahead.
+            [ "$first_attention" = flash ] && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+                --attention flash $(matmul_flags $matmul) "${tile_flags[@]}" --kv-staging cp-async --out "$out/scenario-s1-$gpu-$dtype-flash-$matmul-cp-async.json" || ok=1; }
             # cuBLASLt on CubeCL's stream against the same GEMMs with host syncs around each.
             [ "$matmul" = cublas ] && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags cublas-sync) "${tile_flags[@]}" --out "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-sync.json" || ok=1; }

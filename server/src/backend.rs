@@ -158,6 +158,28 @@ pub struct DeviceArgs {
     /// memory.
     #[arg(long, value_enum, default_value_t = FragmentLoads::Ldmatrix)]
     pub fragment_loads: FragmentLoads,
+    /// How `--attention flash` with two stages on tensor cores (CUDA) brings the next key
+    /// step's keys and values into shared memory; elsewhere it reads them into registers.
+    #[arg(long, value_enum, default_value_t = KvStaging::Registers)]
+    pub kv_staging: KvStaging,
+}
+
+/// How the flash kernel stages its next key step (`tally_model::KvStaging`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KvStaging {
+    /// Each unit reads its share into registers and stores it after the step's work.
+    Registers,
+    /// `cp.async` copies, global to shared memory, waited on by a barrier.
+    CpAsync,
+}
+
+impl From<KvStaging> for tally_model::KvStaging {
+    fn from(staging: KvStaging) -> Self {
+        match staging {
+            KvStaging::Registers => tally_model::KvStaging::Registers,
+            KvStaging::CpAsync => tally_model::KvStaging::CopyAsync,
+        }
+    }
 }
 
 /// How tensor-core tiles read their fragments (`tally_model::FragmentLoads`).
@@ -233,7 +255,8 @@ impl DeviceArgs {
         }
     }
 
-    /// The tile kernels' tile (`--tile-rows`, `--tile-keys`, `--tile-stages`, `--fragment-loads`).
+    /// The tile kernels' tile (`--tile-rows`, `--tile-keys`, `--tile-stages`, `--fragment-loads`,
+    /// `--kv-staging`).
     pub fn tile(&self) -> tally_model::TileShape {
         // On CUDA the largest tile: 128 rows x 64 keys took one S1 layer's flash attention from
         // 3.43 ms (64x16) to 2.33 ms on an H200 in bfloat16, the fastest of the six measured.
@@ -241,7 +264,7 @@ impl DeviceArgs {
         let (rows, keys) = if self.backend == BackendKind::Cuda { (128, 64) } else { (64, 16) };
         // Every size is among those the flags list, so the shape exists.
         let shape = tally_model::TileShape::new(self.tile_rows.unwrap_or(rows), self.tile_keys.unwrap_or(keys)).unwrap_or_default();
-        shape.with_stages(self.tile_stages).unwrap_or(shape).with_loads(self.fragment_loads.into())
+        shape.with_stages(self.tile_stages).unwrap_or(shape).with_loads(self.fragment_loads.into()).with_staging(self.kv_staging.into())
     }
 }
 
@@ -369,6 +392,7 @@ mod tests {
             tile_keys: None,
             tile_stages: 2,
             fragment_loads: FragmentLoads::Ldmatrix,
+            kv_staging: KvStaging::Registers,
         }
     }
 
@@ -392,9 +416,9 @@ mod tests {
     /// A route or tile size asked for is what runs, on CUDA too.
     #[test]
     fn explicit_choices_win_over_auto() {
-        let asked = DeviceArgs { attention: Attention::Kernel, matmul: Matmul::Cubecl, elementwise: Elementwise::Burn, tile_rows: Some(64), ..auto(BackendKind::Cuda) };
+        let asked = DeviceArgs { attention: Attention::Kernel, matmul: Matmul::Cubecl, elementwise: Elementwise::Burn, tile_rows: Some(64), kv_staging: KvStaging::CpAsync, ..auto(BackendKind::Cuda) };
         assert_eq!((asked.attention(), asked.matmul(), asked.elementwise()), (Attention::Kernel, Matmul::Cubecl, Elementwise::Burn));
-        assert_eq!(asked.tile().to_string(), "64x64, 2 stages, ldmatrix", "the keys not asked for keep CUDA's default");
+        assert_eq!(asked.tile().to_string(), "64x64, 2 stages, ldmatrix, cp-async", "the keys not asked for keep CUDA's default");
         assert_eq!(asked.matmul_label(), "cubecl");
     }
 }

@@ -8,7 +8,7 @@ use burn::tensor::{backend::Backend, Tensor, TensorData, TensorPrimitive};
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::{tensor::CubeTensor, CubeBackend, CubeRuntime, FloatElement};
 use tally_model::{AttentionRoute, ItemLayout, PrefixKv, ScoringBackend};
-use tally_shaders::{AttentionKernel, AttentionTiles, FragmentLoads, MultiItemAttention, TileShape};
+use tally_shaders::{AttentionKernel, AttentionTiles, FragmentLoads, KvStaging, MultiItemAttention, TileShape};
 
 pub type Reference = NdArray<f32>;
 
@@ -39,6 +39,10 @@ impl Drop for CubeclAfter {
 
 /// Both ways the tensor-core tiles read their fragments.
 pub const FRAGMENT_LOADS: [FragmentLoads; 2] = [FragmentLoads::Ldmatrix, FragmentLoads::Elements];
+
+/// Both ways the flash kernel's two stages bring the next key step in (`cp.async` on tensor
+/// cores only: elsewhere a call asking for it reads into registers).
+pub const KV_STAGINGS: [KvStaging; 2] = [KvStaging::Registers, KvStaging::CopyAsync];
 
 /// Every tile shape the kernels are built for: [`TileShape::ROWS`] × [`TileShape::KEYS`] ×
 /// [`TileShape::STAGES`], fragments by `ldmatrix`.

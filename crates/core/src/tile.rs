@@ -1,12 +1,13 @@
 //! The tile attention kernels' tile shape: a plain choice of sizes, made by flags and planners
 //! that need no GPU (the kernels in tally-shaders check it against a device's shared memory),
-//! and how their tensor-core fragments are read.
+//! how their tensor-core fragments are read, and how the flash kernel stages its keys and values.
 
 /// The tile kernels' tile: query rows per cube (16 per plane of 32 units) and keys per step;
 /// key steps the flash kernel keeps in flight (`stages`: 2 reads the next step while it
 /// computes on this one, in a second buffer; the tiled kernel stages one at a time); and how
-/// tensor cores read the staged keys and values ([`FragmentLoads`]; the register tiles off CUDA
-/// ignore it). Larger tiles read each prefix key for more rows and sync less often; smaller ones
+/// tensor cores read the staged keys and values ([`FragmentLoads`]) and how the flash kernel's
+/// two stages bring the next step in ([`KvStaging`]); the register tiles off CUDA ignore both.
+/// Larger tiles read each prefix key for more rows and sync less often; smaller ones
 /// need less shared memory and registers. [`TileShape::ROWS`] × [`TileShape::KEYS`] ×
 /// [`TileShape::STAGES`] are the shapes built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,6 +16,7 @@ pub struct TileShape {
     pub keys: usize,
     pub stages: usize,
     pub loads: FragmentLoads,
+    pub staging: KvStaging,
 }
 
 /// How a tile kernel on tensor cores fills its key and value fragments from shared memory.
@@ -37,16 +39,45 @@ impl FragmentLoads {
     }
 }
 
-impl Default for TileShape {
-    fn default() -> Self {
-        TileShape { rows: 64, keys: 16, stages: 2, loads: FragmentLoads::default() }
+/// How the flash kernel's two stages bring the next key step's keys and values from global
+/// into shared memory while it computes on this one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvStaging {
+    /// Each unit reads its share of the next step into registers, and stores it in shared
+    /// memory after this step's work: every backend.
+    #[default]
+    Registers,
+    /// `cp.async` (CUDA, sm_80+): the copies go global → shared without the units' registers
+    /// or stores, waited on by a shared-memory barrier. Tensor cores only; the register tiles
+    /// take [`Self::Registers`].
+    CopyAsync,
+}
+
+impl KvStaging {
+    /// As the flags and results spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvStaging::Registers => "registers",
+            KvStaging::CopyAsync => "cp-async",
+        }
     }
 }
 
-/// `ROWSxKEYS, STAGES stages, LOADS`, as the results spell it.
+impl Default for TileShape {
+    fn default() -> Self {
+        TileShape { rows: 64, keys: 16, stages: 2, loads: FragmentLoads::default(), staging: KvStaging::default() }
+    }
+}
+
+/// `ROWSxKEYS, STAGES stages, LOADS`, and `, cp-async` where the flash kernel stages so, as the
+/// results spell it (runs before the staging choice read the same).
 impl std::fmt::Display for TileShape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}x{}, {}, {}", self.rows, self.keys, self.stages_text(), self.loads.name())
+        write!(f, "{}x{}, {}, {}", self.rows, self.keys, self.stages_text(), self.loads.name())?;
+        if self.staging != KvStaging::Registers {
+            write!(f, ", {}", self.staging.name())?;
+        }
+        Ok(())
     }
 }
 
@@ -80,6 +111,11 @@ impl TileShape {
         TileShape { loads, ..self }
     }
 
+    /// This shape with the flash kernel's next key step staged by `staging`.
+    pub fn with_staging(self, staging: KvStaging) -> Self {
+        TileShape { staging, ..self }
+    }
+
     /// Shared memory a cube of either tile kernel needs at most at `head_dim` with
     /// `element_bytes`-byte K/V: the staged keys and values of each stage (rows padded by 8
     /// elements against bank conflicts), the score tile (the tiled kernel; the flash kernel's
@@ -92,7 +128,7 @@ impl TileShape {
 
 #[cfg(test)]
 mod tests {
-    use super::{FragmentLoads, TileShape};
+    use super::{FragmentLoads, KvStaging, TileShape};
 
     #[test]
     fn only_built_shapes_exist_and_print_as_flags_spell_them() {
@@ -103,6 +139,7 @@ mod tests {
         let one_stage = TileShape::default().with_stages(1).unwrap();
         assert_eq!(one_stage.with_loads(FragmentLoads::Elements).to_string(), "64x16, 1 stage, elements");
         assert_eq!(TileShape::default().with_stages(3), None);
+        assert_eq!(TileShape::new(128, 64).unwrap().with_staging(KvStaging::CopyAsync).to_string(), "128x64, 2 stages, ldmatrix, cp-async");
         // 128 × 64 at head_dim 128 in bf16: 34 KiB of padded K/V a stage, 32 KiB of scores,
         // 5 KiB of row state.
         let largest = TileShape::new(128, 64).unwrap();

@@ -7,7 +7,9 @@
 //!    on CUDA. With one stage (`--tile-stages 1`) it reads, stages, syncs, computes and syncs
 //!    again before restaging; with two (the default) the next step is read from global memory
 //!    into registers while this one is computed, then staged in a second buffer: one
-//!    `sync_cube` a step (FlashAttention-2's pipeline, registers in place of cp.async);
+//!    `sync_cube` a step (FlashAttention-2's pipeline, registers in place of cp.async). On CUDA
+//!    `--kv-staging cp-async` copies the next step straight into its buffer instead
+//!    ([`copy_share`]), one barrier wait a step;
 //! 2. each plane multiplies its 16 query rows by the step's keys into accumulator fragments
 //!    ([`FragmentMath::scores`]);
 //! 3. each unit masks its own elements, takes its rows' maxima across the four units that hold a
@@ -27,10 +29,11 @@
 //! ([`super::register_tile::RegisterFragments`]), where the loop is tested.
 
 use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::barrier::Barrier;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::tiled::{plane_and_lane, units_per_cube_of, QueryPairs, NO_ROW};
-use super::walk::{load_share, read_tile, staged_row, store_share, tile_row, visible_keys, walk_step, Step, Tile};
+use super::walk::{copy_share, load_share, read_tile, staged_row, store_share, tile_row, visible_keys, walk_step, Step, Tile};
 use super::NO_SCORE;
 use crate::grid::cube_index;
 
@@ -98,6 +101,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     #[comptime] rows: usize,
     #[comptime] step_keys: usize,
     #[comptime] stages: usize,
+    #[comptime] copy_async: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let tile_index = cube_index();
@@ -154,6 +158,25 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
             sync_cube();
             flash_step::<F, T>(&tile, &step, &query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, 0usize, scale, head_dim, step_keys, rows);
             sync_cube();
+        }
+    } else if comptime![copy_async] {
+        // Two buffers, `cp.async` (CUDA): step `s + 1` is copied into one while step `s` is
+        // computed on the other. One barrier a step: waiting on it, a unit knows every unit's
+        // copies of step `s` have landed and every unit is done with step `s − 1`, whose buffer
+        // the next copies overwrite. A tile has at least one own key, so at least one step:
+        // every copy is waited on before the cube ends.
+        let barrier = Barrier::shared(comptime![units as u32], UNIT_POS == 0);
+        let first = walk_step(&tile, 0, prefix_steps, step_keys);
+        copy_share::<F, N, W>(&tile, &first, kv_head, keys, values, prefix_keys, prefix_values, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
+        barrier.commit_copy_async();
+        for s in 0..steps {
+            barrier.arrive_and_wait();
+            if s + 1 < steps {
+                let next = walk_step(&tile, s + 1, prefix_steps, step_keys);
+                copy_share::<F, N, W>(&tile, &next, kv_head, keys, values, prefix_keys, prefix_values, &mut staged_keys, &mut staged_values, ((s + 1) % 2) * buffer, step_keys, head_dim, units);
+                barrier.commit_copy_async();
+            }
+            flash_step::<F, T>(&tile, &walk_step(&tile, s, prefix_steps, step_keys), &query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows);
         }
     } else {
         // Two buffers: while step `s` is computed on one, step `s + 1` is read from global

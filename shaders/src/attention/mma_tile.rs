@@ -10,8 +10,8 @@
 //! where CubeCL says it sits (`position_of_nth`). The flash kernel's [`MmaFragments`] also relies
 //! on PTX's layout (an accumulator pair of blocks is an `A` fragment; a row's elements lie in
 //! one quad of lanes), which `mma_fragment_layout_is_ptxs` pins; `ldmatrix` gives each lane the
-//! elements of PTX's `B` layout by construction. cp.async double buffering is the next step,
-//! for the GPU suite to measure.
+//! elements of PTX's `B` layout by construction. What these fragments read is staged by the
+//! kernels (`walk`), on CUDA also by `cp.async` (`--kv-staging cp-async`).
 
 use std::marker::PhantomData;
 

@@ -58,7 +58,7 @@ pub enum AttentionKernel {
     Flash(TileShape),
 }
 
-pub use tally_core::{FragmentLoads, TileShape};
+pub use tally_core::{FragmentLoads, KvStaging, TileShape};
 
 /// Whether a cube of `shape` fits the shared memory of `client`'s device at `head_dim` in `dtype`.
 pub fn tile_fits<R: CubeRuntime>(shape: TileShape, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> bool {
@@ -152,7 +152,9 @@ impl<R: CubeRuntime> AttentionTiles<R> {
     /// The tile kernel a call at `head_dim` in `dtype` runs: where its tile fits, with tensor
     /// cores where they take it, 16-bit only on tensor cores; `None`: the row kernel, which
     /// takes any tile it is given, whatever it was cut for. The tiled kernel stages one key step
-    /// at a time; the flash kernel keeps one fewer in flight where its stages don't fit.
+    /// at a time; the flash kernel keeps one fewer in flight where its stages don't fit, and
+    /// copies with `cp.async` only with two stages on tensor cores (CUDA): elsewhere its steps
+    /// go through registers.
     fn tile_kernel(&self, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> Option<(TileLoop, TileMath, TileShape)> {
         let math = if head_dim.is_multiple_of(16) && tensor_core_tiles(client, dtype) { TileMath::Mma } else { TileMath::Register };
         // The tile kernels read K/V as 32-bit words and take them back as floats of `dtype`.
@@ -166,14 +168,18 @@ impl<R: CubeRuntime> AttentionTiles<R> {
         let one_stage = |shape: TileShape| TileShape { stages: 1, ..shape };
         match self.kernel {
             AttentionKernel::Tiled(shape) if head_dim.is_multiple_of(2) && fits(one_stage(shape)) => Some((TileLoop::SharedSoftmax, math, one_stage(shape))),
-            AttentionKernel::Flash(shape) if head_dim.is_multiple_of(8) => [shape, one_stage(shape)].into_iter().find(|&shape| fits(shape)).map(|shape| (TileLoop::Flash, math, shape)),
+            AttentionKernel::Flash(shape) if head_dim.is_multiple_of(8) => [shape, one_stage(shape)].into_iter().find(|&shape| fits(shape)).map(|shape| {
+                let staging = if shape.stages == 2 && math == TileMath::Mma { shape.staging } else { KvStaging::Registers };
+                (TileLoop::Flash, math, shape.with_staging(staging))
+            }),
             _ => None,
         }
     }
 
     /// What a call at `head_dim` in `dtype` runs, for benchmarks and tests to report: `rows`,
     /// or `tiled`/`flash` with `registers`/`tensor cores`, on tensor cores how their fragments
-    /// load (`ldmatrix`/`elements`), and the flash kernel's stages.
+    /// load (`ldmatrix`/`elements`), and the flash kernel's stages (`, cp-async` where it
+    /// copies so).
     pub fn launched(&self, head_dim: usize, dtype: DType) -> String {
         let Some((tile_loop, math, shape)) = self.tile_kernel(&self.tiles.client, head_dim, dtype) else {
             return "rows".into();
@@ -188,6 +194,9 @@ impl<R: CubeRuntime> AttentionTiles<R> {
         }
         if tile_loop == TileLoop::Flash {
             launched.push_str(&format!(", {}", shape.stages_text()));
+            if shape.staging == KvStaging::CopyAsync {
+                launched.push_str(&format!(", {}", shape.staging.name()));
+            }
         }
         launched
     }
@@ -290,10 +299,10 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
             },
             Some((TileLoop::SharedSoftmax, TileMath::Register, shape)) => launch!(tiled::tiled_attention_kernel::launch_unchecked::<register_tile::RegisterTile, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys),
             Some((TileLoop::Flash, TileMath::Mma, shape)) => match shape.loads {
-                FragmentLoads::Ldmatrix => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::Ldmatrix>, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages),
-                FragmentLoads::Elements => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::ElementLoads>, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages),
+                FragmentLoads::Ldmatrix => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::Ldmatrix>, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, shape.staging == KvStaging::CopyAsync),
+                FragmentLoads::Elements => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::ElementLoads>, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, shape.staging == KvStaging::CopyAsync),
             },
-            Some((TileLoop::Flash, TileMath::Register, shape)) => launch!(flash::flash_attention_kernel::launch_unchecked::<register_tile::RegisterFragments, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages),
+            Some((TileLoop::Flash, TileMath::Register, shape)) => launch!(flash::flash_attention_kernel::launch_unchecked::<register_tile::RegisterFragments, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, false),
             None => launch!(rows::row_attention_kernel::launch_unchecked::<R>, tiles.tokens_per_tile * tiles.group, []),
         }
     }
@@ -342,7 +351,7 @@ mod tests {
     #[test]
     fn tile_shapes_are_those_built() {
         assert_eq!(TileShape::new(64, 16), Some(TileShape::default()));
-        assert_eq!(TileShape::new(128, 64), Some(TileShape { rows: 128, keys: 64, stages: 2, loads: super::FragmentLoads::Ldmatrix }));
+        assert_eq!(TileShape::new(128, 64), Some(TileShape { rows: 128, keys: 64, stages: 2, loads: super::FragmentLoads::Ldmatrix, staging: super::KvStaging::Registers }));
         for (rows, keys) in [(48, 16), (64, 8), (256, 16), (0, 0)] {
             assert_eq!(TileShape::new(rows, keys), None, "{rows}x{keys}");
         }

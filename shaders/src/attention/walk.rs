@@ -3,6 +3,7 @@
 //! and staged in shared memory, and which keys of a step a row may see.
 
 use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::barrier::copy_async_checked;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::tiled::NO_ROW;
@@ -191,6 +192,62 @@ pub(super) fn store_share<F: Float, N: Size, W: Size>(
             for n in 0..width {
                 staged_keys[staged + n] = k[n];
                 staged_values[staged + n] = v[n];
+            }
+        }
+    }
+}
+
+/// [`load_share`] and [`store_share`] in one, for CUDA (sm_80+) only: this unit's share of
+/// `step`'s keys and values of `kv_head` copied global → shared by `cp.async`, `N` elements
+/// (`W` words) a copy, into the staged tiles from element `staged_at`. No register holds the
+/// data and no unit stores it. A key past the step's count is a copy of no bytes, which fills
+/// its vector with zeros. The copies are the unit's until it commits them to a barrier
+/// (`commit_copy_async`) and the cube waits on it.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn copy_share<F: Float, N: Size, W: Size>(
+    tile: &Tile,
+    step: &Step,
+    kv_head: usize,
+    keys: &Tensor<Vector<u32, W>>,
+    values: &Tensor<Vector<u32, W>>,
+    prefix_keys: &Tensor<Vector<u32, W>>,
+    prefix_values: &Tensor<Vector<u32, W>>,
+    staged_keys: &mut SharedMemory<F>,
+    staged_values: &mut SharedMemory<F>,
+    staged_at: usize,
+    #[comptime] step_keys: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] units: usize,
+) {
+    let width = N::value();
+    let kv_heads = keys.shape(1);
+    let prefix_tokens = prefix_keys.shape(1);
+    #[unroll]
+    for i in 0..comptime![vectors_per_unit(step_keys, head_dim, width, units)] {
+        let index = UNIT_POS_X as usize + i * units;
+        if index < comptime![step_keys * head_dim / width] {
+            let key = index / comptime![head_dim / width];
+            let e = (index % comptime![head_dim / width]) * width;
+            let staged = staged_at + key * comptime![staged_row(head_dim)] + e;
+            // Vectors copied from the source: one, or none past the count.
+            let present = key < step.count;
+            let length = select(present, 1usize, 0usize);
+            // The copies are typed as the staged floats (CubeCL asks both sides to be one type);
+            // each side's offset stays in its own units (words vectors in global memory,
+            // elements in shared memory), and a copy moves `width` elements: `W` words.
+            if step.in_prefix {
+                let source = select(present, ((kv_head * prefix_tokens + tile.prefix_start + step.first + key) * head_dim + e) / width, 0usize);
+                unsafe {
+                    copy_async_checked(&prefix_keys.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
+                    copy_async_checked(&prefix_values.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
+                }
+            } else {
+                let source = select(present, (((tile.own_start + step.first + key) * kv_heads + kv_head) * head_dim + e) / width, 0usize);
+                unsafe {
+                    copy_async_checked(&keys.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
+                    copy_async_checked(&values.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
+                }
             }
         }
     }
