@@ -145,9 +145,14 @@ fn attention_routes<F: FloatElement, const ID: u16>() {
     ];
     let variants: Vec<TileShape> = kernel_cases::every_tile_shape().flat_map(|shape| kernel_cases::FRAGMENT_LOADS.map(|loads| shape.with_loads(loads))).collect();
     // The flash kernel's cp.async staging exists with two stages only (one stage reads and
-    // stages in turn).
-    let copy_async = variants.iter().filter(|shape| shape.stages == 2).map(|shape| AttentionRoute::Flash(shape.with_staging(KvStaging::CopyAsync)));
-    let routes = [AttentionRoute::Kernel, AttentionRoute::Cascade].into_iter().chain(variants.iter().flat_map(|&shape| [AttentionRoute::Tiled(shape), AttentionRoute::Flash(shape)])).chain(copy_async);
+    // stages in turn); its warps of 32 rows, both ways, with `ldmatrix`.
+    let copy_async = variants.iter().filter(|shape| shape.stages == 2).map(|shape| shape.with_staging(KvStaging::CopyAsync));
+    let two_blocks = kernel_cases::every_tile_shape()
+        .filter(|shape| shape.stages == 2)
+        .flat_map(|shape| kernel_cases::KV_STAGINGS.map(|staging| shape.with_staging(staging).with_warp_rows(32)))
+        .flatten();
+    let flash_variants = copy_async.chain(two_blocks).map(AttentionRoute::Flash);
+    let routes = [AttentionRoute::Kernel, AttentionRoute::Cascade].into_iter().chain(variants.iter().flat_map(|&shape| [AttentionRoute::Tiled(shape), AttentionRoute::Flash(shape)])).chain(flash_variants);
     for route in routes {
         for (seed, case) in cases.iter().enumerate() {
             offline_cuda::running(format!("{:?} attention {route:?}, {}", F::dtype(), case.name()));

@@ -111,7 +111,17 @@ fn attention_staging_past_one_vector_a_unit() {
         let one_stage = shape.with_stages(1).expect("a built shape");
         // f32 is never on tensor cores, so a flash call asking for cp.async reads into registers.
         let copy_async = shape.with_staging(KvStaging::CopyAsync);
-        for (kernel, launched) in [(AttentionKernel::Tiled(shape), "tiled, registers"), (AttentionKernel::Flash(shape), "flash, registers, 2 stages"), (AttentionKernel::Flash(copy_async), "flash, registers, 2 stages"), (AttentionKernel::Flash(one_stage), "flash, registers, 1 stage")] {
+        let two_blocks = shape.with_warp_rows(32).expect("64 rows hold warps of 32");
+        // The staged query may not leave room for two stages (lavapipe's 32 KiB at 32 keys).
+        let two_blocks_stages = if tally_shaders::tile_fits(two_blocks, &client(), case.head_dim, burn::tensor::DType::F32) { "2 stages" } else { "1 stage" };
+        let two_blocks_launched = format!("flash, registers, {two_blocks_stages}, 32 rows a warp");
+        for (kernel, launched) in [
+            (AttentionKernel::Tiled(shape), "tiled, registers"),
+            (AttentionKernel::Flash(shape), "flash, registers, 2 stages"),
+            (AttentionKernel::Flash(copy_async), "flash, registers, 2 stages"),
+            (AttentionKernel::Flash(one_stage), "flash, registers, 1 stage"),
+            (AttentionKernel::Flash(two_blocks), two_blocks_launched.as_str()),
+        ] {
             assert_eq!(case.launched::<f32>(kernel), launched, "{kernel:?}, {}", case.name());
             assert_close(&case.kernel::<f32>(41, kernel), &expected, 1e-4, &format!("{kernel:?}, {}", case.name()));
         }
@@ -129,8 +139,10 @@ fn attention_every_tile_shape() {
             // Still checked: the call falls back to fewer stages or the row kernel.
             eprintln!("note: tile {shape} needs more shared memory than this adapter has");
         }
-        // The tiled kernel stages one step at a time, whatever the shape's stages.
-        let kernels = if shape.stages == 1 { vec![AttentionKernel::Tiled(shape), AttentionKernel::Flash(shape)] } else { vec![AttentionKernel::Flash(shape)] };
+        // The tiled kernel stages one step at a time, whatever the shape's stages; the flash
+        // kernel's warps take 16 rows, and 32 where the tile has them.
+        let mut kernels = if shape.stages == 1 { vec![AttentionKernel::Tiled(shape), AttentionKernel::Flash(shape)] } else { vec![AttentionKernel::Flash(shape)] };
+        kernels.extend(shape.with_warp_rows(32).map(AttentionKernel::Flash));
         for kernel in kernels {
             assert_close(&case.kernel::<f32>(21, kernel), &expected, 1e-4, &format!("{kernel:?} ({}), {}", case.launched::<f32>(kernel), case.name()));
         }

@@ -26,12 +26,16 @@ fn attention_in_f16_accumulates_in_f32() {
         let expected = case.expected(seed as u64);
         // Both ways of reading fragments, at the default tile and at the largest (8 planes,
         // 64-key steps: four `ldmatrix.x4` of keys per 16 dimensions); the flash kernel's next
-        // step staged both ways (cp.async on tensor cores).
+        // step staged both ways (cp.async on tensor cores), its warps taking 16 rows or 32.
         let tiles = [TileShape::default(), TileShape::new(128, 64).expect("a built shape")]
             .into_iter()
             .flat_map(|shape| FRAGMENT_LOADS.map(|loads| shape.with_loads(loads)));
         let kernels = std::iter::once(AttentionKernel::Rows).chain(tiles.flat_map(|tile| {
-            std::iter::once(AttentionKernel::Tiled(tile)).chain(KV_STAGINGS.map(|staging| AttentionKernel::Flash(tile.with_staging(staging))))
+            let flash = KV_STAGINGS.into_iter().flat_map(move |staging| {
+                let tile = tile.with_staging(staging);
+                [Some(tile), tile.with_warp_rows(32)].into_iter().flatten().map(AttentionKernel::Flash)
+            });
+            std::iter::once(AttentionKernel::Tiled(tile)).chain(flash)
         }));
         for kernel in kernels {
             let launched = case.launched::<half::f16>(kernel);

@@ -12,6 +12,7 @@
 # TALLY_SUITE_PEER_SCENARIOS narrow them, TALLY_SUITE_KERNEL_TESTS the kernel stage's test
 # executables (kernels kernels_f16 models_on_gpu). TALLY_SUITE_TILE_FLAGS adds flags to every command that
 # runs the tile kernels (e.g. "--fragment-loads elements" should ldmatrix fail on a machine).
+# TALLY_SUITE_FLASH_VARIANTS the flash kernel's variants timed beside its default (see below).
 # TALLY_SUITE_NCU_LAUNCHES (80) and TALLY_SUITE_NCU_SECONDS (300) bound the ncu stage;
 # TALLY_SUITE_FIXTURE_DTYPES overrides TALLY_SUITE_DTYPES for the fixtures stage.
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
@@ -30,6 +31,12 @@ stages=${TALLY_SUITE_STAGES:-$all_stages}
 attentions=${TALLY_SUITE_ATTENTIONS:-flash tiled kernel cascade}
 scenarios=${TALLY_SUITE_SCENARIOS:-s1 s2}
 tiles=${TALLY_SUITE_TILES-64x16 128x32}  # empty: no sweep
+# The flash kernel's variants the attention and scenario stages time beside its default, as
+# NAME=FLAGS with the flags joined by commas: its next key step by cp.async; FlashAttention-2's
+# 32 rows a warp (the query read from shared memory; with cp.async, which frees the registers
+# the read-ahead holds), at 64- and 32-key steps. Empty: none.
+flash_variants=${TALLY_SUITE_FLASH_VARIANTS-cp-async=--kv-staging,cp-async warp32=--kv-staging,cp-async,--warp-rows,32 warp32-keys32=--kv-staging,cp-async,--warp-rows,32,--tile-keys,32}
+variant_flags() { local flags=${1#*=}; echo "${flags//,/ }"; }
 read -r -a tile_flags <<<"${TALLY_SUITE_TILE_FLAGS:-}"
 dry=${TALLY_SUITE_DRY_RUN:-0}
 bin=/tmp/tally-suite
@@ -105,8 +112,8 @@ fixtures_stage() {
 # One layer's attention on every route; in the last dtype (bfloat16 on CUDA: tensor cores) also
 # the tile kernels' other tile shapes (TALLY_SUITE_TILES, rows x keys), to pick their default, and
 # at the default tile the flash kernel with one key step in flight, with its fragments read
-# element by element, and with its next step copied by cp.async (each against the defaults: two
-# stages, ldmatrix, the register read-ahead).
+# element by element, and each of its variants (TALLY_SUITE_FLASH_VARIANTS; each against the
+# defaults: two stages, ldmatrix, the register read-ahead, 16 rows a warp).
 attention_stage() {
     local ok=0 last=${gpu_dtypes##* }
     for dtype in $gpu_dtypes; do
@@ -118,7 +125,9 @@ attention_stage() {
     done
     "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --tile-stages 1 --out "$out/attention-$gpu-$last-one-stage.json" || ok=1
     "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --fragment-loads elements --out "$out/attention-$gpu-$last-element-loads.json" || ok=1
-    "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations "${tile_flags[@]}" --kv-staging cp-async --out "$out/attention-$gpu-$last-cp-async.json" || ok=1
+    for variant in $flash_variants; do
+        "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations "${tile_flags[@]}" $(variant_flags $variant) --out "$out/attention-$gpu-$last-${variant%%=*}.json" || ok=1
+    done
     return $ok
 }
 
@@ -152,9 +161,13 @@ scenario_stage() {
             "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --elementwise burn \
                 --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-elementwise-burn.json" || ok=1
-            # The flash kernel's next key step by cp.async (tensor cores) against the register read-ahead.
-            [ "$first_attention" = flash ] && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
-                --attention flash $(matmul_flags $matmul) "${tile_flags[@]}" --kv-staging cp-async --out "$out/scenario-s1-$gpu-$dtype-flash-$matmul-cp-async.json" || ok=1; }
+            # The flash kernel's variants (cp.async, 32 rows a warp) against its default.
+            if [ "$first_attention" = flash ]; then
+                for variant in $flash_variants; do
+                    "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype --attention flash $(matmul_flags $matmul) \
+                        "${tile_flags[@]}" $(variant_flags $variant) --out "$out/scenario-s1-$gpu-$dtype-flash-$matmul-${variant%%=*}.json" || ok=1
+                done
+            fi
             # cuBLASLt on CubeCL's stream against the same GEMMs with host syncs around each.
             [ "$matmul" = cublas ] && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags cublas-sync) "${tile_flags[@]}" --out "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-sync.json" || ok=1; }

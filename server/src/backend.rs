@@ -162,6 +162,11 @@ pub struct DeviceArgs {
     /// step's keys and values into shared memory; elsewhere it reads them into registers.
     #[arg(long, value_enum, default_value_t = KvStaging::Registers)]
     pub kv_staging: KvStaging,
+    /// Query rows each warp of `--attention flash` takes: 16 (the query in registers) or 32
+    /// (FlashAttention-2's layout: two row blocks share each key and value fragment, the query
+    /// read from shared memory); a 16-row tile keeps 16.
+    #[arg(long, default_value = "16", value_parser = tile_size(["16", "32"]))]
+    pub warp_rows: usize,
 }
 
 /// How the flash kernel stages its next key step (`tally_model::KvStaging`).
@@ -256,7 +261,7 @@ impl DeviceArgs {
     }
 
     /// The tile kernels' tile (`--tile-rows`, `--tile-keys`, `--tile-stages`, `--fragment-loads`,
-    /// `--kv-staging`).
+    /// `--kv-staging`, `--warp-rows`).
     pub fn tile(&self) -> tally_model::TileShape {
         // On CUDA the largest tile: 128 rows x 64 keys took one S1 layer's flash attention from
         // 3.43 ms (64x16) to 2.33 ms on an H200 in bfloat16, the fastest of the six measured.
@@ -264,7 +269,8 @@ impl DeviceArgs {
         let (rows, keys) = if self.backend == BackendKind::Cuda { (128, 64) } else { (64, 16) };
         // Every size is among those the flags list, so the shape exists.
         let shape = tally_model::TileShape::new(self.tile_rows.unwrap_or(rows), self.tile_keys.unwrap_or(keys)).unwrap_or_default();
-        shape.with_stages(self.tile_stages).unwrap_or(shape).with_loads(self.fragment_loads.into()).with_staging(self.kv_staging.into())
+        let shape = shape.with_stages(self.tile_stages).unwrap_or(shape).with_loads(self.fragment_loads.into()).with_staging(self.kv_staging.into());
+        shape.with_warp_rows(self.warp_rows).unwrap_or(shape)
     }
 }
 
@@ -393,6 +399,7 @@ mod tests {
             tile_stages: 2,
             fragment_loads: FragmentLoads::Ldmatrix,
             kv_staging: KvStaging::Registers,
+            warp_rows: 16,
         }
     }
 
@@ -416,9 +423,9 @@ mod tests {
     /// A route or tile size asked for is what runs, on CUDA too.
     #[test]
     fn explicit_choices_win_over_auto() {
-        let asked = DeviceArgs { attention: Attention::Kernel, matmul: Matmul::Cubecl, elementwise: Elementwise::Burn, tile_rows: Some(64), kv_staging: KvStaging::CpAsync, ..auto(BackendKind::Cuda) };
+        let asked = DeviceArgs { attention: Attention::Kernel, matmul: Matmul::Cubecl, elementwise: Elementwise::Burn, tile_rows: Some(64), kv_staging: KvStaging::CpAsync, warp_rows: 32, ..auto(BackendKind::Cuda) };
         assert_eq!((asked.attention(), asked.matmul(), asked.elementwise()), (Attention::Kernel, Matmul::Cubecl, Elementwise::Burn));
-        assert_eq!(asked.tile().to_string(), "64x64, 2 stages, ldmatrix, cp-async", "the keys not asked for keep CUDA's default");
+        assert_eq!(asked.tile().to_string(), "64x64, 2 stages, ldmatrix, cp-async, 32 rows a warp", "the keys not asked for keep CUDA's default");
         assert_eq!(asked.matmul_label(), "cubecl");
     }
 }

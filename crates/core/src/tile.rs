@@ -7,7 +7,9 @@
 /// computes on this one, in a second buffer; the tiled kernel stages one at a time); and how
 /// tensor cores read the staged keys and values ([`FragmentLoads`]) and how the flash kernel's
 /// two stages bring the next step in ([`KvStaging`]); the register tiles off CUDA ignore both.
-/// Larger tiles read each prefix key for more rows and sync less often; smaller ones
+/// `warp_rows`: query rows each warp of the flash kernel takes — 16 (one tensor-core `m`, the
+/// query in registers) or 32 (FlashAttention-2's layout: two row blocks share every key and
+/// value fragment read, the query read from shared memory each step). Larger tiles read each prefix key for more rows and sync less often; smaller ones
 /// need less shared memory and registers. [`TileShape::ROWS`] × [`TileShape::KEYS`] ×
 /// [`TileShape::STAGES`] are the shapes built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,6 +19,7 @@ pub struct TileShape {
     pub stages: usize,
     pub loads: FragmentLoads,
     pub staging: KvStaging,
+    pub warp_rows: usize,
 }
 
 /// How a tile kernel on tensor cores fills its key and value fragments from shared memory.
@@ -65,17 +68,20 @@ impl KvStaging {
 
 impl Default for TileShape {
     fn default() -> Self {
-        TileShape { rows: 64, keys: 16, stages: 2, loads: FragmentLoads::default(), staging: KvStaging::default() }
+        TileShape { rows: 64, keys: 16, stages: 2, loads: FragmentLoads::default(), staging: KvStaging::default(), warp_rows: 16 }
     }
 }
 
-/// `ROWSxKEYS, STAGES stages, LOADS`, and `, cp-async` where the flash kernel stages so, as the
-/// results spell it (runs before the staging choice read the same).
+/// `ROWSxKEYS, STAGES stages, LOADS`, then `, cp-async` and `, 32 rows a warp` where the flash
+/// kernel runs so, as the results spell it (runs before those choices read the same).
 impl std::fmt::Display for TileShape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}x{}, {}, {}", self.rows, self.keys, self.stages_text(), self.loads.name())?;
         if self.staging != KvStaging::Registers {
             write!(f, ", {}", self.staging.name())?;
+        }
+        if self.warp_rows != 16 {
+            write!(f, ", {} rows a warp", self.warp_rows)?;
         }
         Ok(())
     }
@@ -88,6 +94,8 @@ impl TileShape {
     pub const KEYS: [usize; 3] = [16, 32, 64];
     /// Key steps in flight the flash kernel may have.
     pub const STAGES: [usize; 2] = [1, 2];
+    /// Query rows a warp of the flash kernel may take.
+    pub const WARP_ROWS: [usize; 2] = [16, 32];
 
     /// `None` unless `rows` is in [`Self::ROWS`] and `keys` in [`Self::KEYS`]; two stages,
     /// fragments by `ldmatrix`.
@@ -116,13 +124,21 @@ impl TileShape {
         TileShape { staging, ..self }
     }
 
+    /// This shape with `warp_rows` query rows a warp of the flash kernel; `None` unless
+    /// `warp_rows` is in [`Self::WARP_ROWS`] and divides the tile's rows.
+    pub fn with_warp_rows(self, warp_rows: usize) -> Option<Self> {
+        (Self::WARP_ROWS.contains(&warp_rows) && self.rows.is_multiple_of(warp_rows)).then_some(TileShape { warp_rows, ..self })
+    }
+
     /// Shared memory a cube of either tile kernel needs at most at `head_dim` with
     /// `element_bytes`-byte K/V: the staged keys and values of each stage (rows padded by 8
     /// elements against bank conflicts), the score tile (the tiled kernel; the flash kernel's
     /// register fragments exchange their weights through one), and ten words a row (the tiled
-    /// kernel's row state; the flash kernel's row offsets and quad exchanges).
+    /// kernel's row state; the flash kernel's row offsets and quad exchanges); with 32 rows a
+    /// warp, the flash kernel's staged query too.
     pub fn shared_memory_bytes(self, head_dim: usize, element_bytes: usize) -> usize {
-        2 * self.stages * self.keys * (head_dim + 8) * element_bytes + self.rows * self.keys * 4 + self.rows * 10 * 4
+        let staged_query = if self.warp_rows > 16 { self.rows * (head_dim + 8) * element_bytes } else { 0 };
+        2 * self.stages * self.keys * (head_dim + 8) * element_bytes + self.rows * self.keys * 4 + self.rows * 10 * 4 + staged_query
     }
 }
 
@@ -140,10 +156,16 @@ mod tests {
         assert_eq!(one_stage.with_loads(FragmentLoads::Elements).to_string(), "64x16, 1 stage, elements");
         assert_eq!(TileShape::default().with_stages(3), None);
         assert_eq!(TileShape::new(128, 64).unwrap().with_staging(KvStaging::CopyAsync).to_string(), "128x64, 2 stages, ldmatrix, cp-async");
+        let two_blocks = TileShape::new(128, 64).unwrap().with_warp_rows(32).unwrap();
+        assert_eq!(two_blocks.to_string(), "128x64, 2 stages, ldmatrix, 32 rows a warp");
+        assert_eq!(TileShape::new(16, 16).unwrap().with_warp_rows(32), None, "a 16-row tile has no warp of 32 rows");
+        assert_eq!(TileShape::default().with_warp_rows(24), None);
         // 128 × 64 at head_dim 128 in bf16: 34 KiB of padded K/V a stage, 32 KiB of scores,
         // 5 KiB of row state.
         let largest = TileShape::new(128, 64).unwrap();
         assert_eq!(largest.with_stages(1).unwrap().shared_memory_bytes(128, 2), 72_704);
         assert_eq!(largest.shared_memory_bytes(128, 2), 72_704 + 34_816);
+        // 32 rows a warp add the staged query: 128 rows of 136 bf16.
+        assert_eq!(largest.with_warp_rows(32).unwrap().shared_memory_bytes(128, 2), 72_704 + 34_816 + 34_816);
     }
 }

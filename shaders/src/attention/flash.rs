@@ -32,7 +32,7 @@ use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::barrier::Barrier;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::tiled::{plane_and_lane, units_per_cube_of, QueryPairs, NO_ROW};
+use super::tiled::{QueryPairs, LANES, NO_ROW, ROWS_PER_PLANE};
 use super::walk::{copy_share, load_share, read_tile, staged_row, store_share, tile_row, visible_keys, walk_step, Step, Tile};
 use super::NO_SCORE;
 use crate::grid::cube_index;
@@ -57,27 +57,64 @@ pub(super) fn fragment_column(lane: usize, e: usize) -> usize {
     2 * (lane % 4) + e % 2
 }
 
-/// What a plane does with its 16 rows' fragments. Every method is called by every unit of the
-/// cube, in uniform control flow (implementations may exchange through shared memory).
+/// Units of a flash cube of `rows` rows whose planes take `blocks` blocks of 16 rows each.
+pub(super) const fn flash_units(rows: usize, blocks: usize) -> usize {
+    rows / (ROWS_PER_PLANE * blocks) * LANES
+}
+
+/// Units of a flash cube of `shape`: a plane of 32 per `shape.warp_rows` rows.
+pub(super) fn units_per_cube(shape: super::TileShape) -> usize {
+    flash_units(shape.rows, shape.warp_rows / ROWS_PER_PLANE)
+}
+
+/// The first of this unit's plane's rows in the cube (its planes take `blocks` blocks of 16
+/// rows each), and the unit's lane in its plane.
+#[cube]
+pub(super) fn flash_plane_and_lane(#[comptime] blocks: usize) -> (usize, usize) {
+    let unit = UNIT_POS_X as usize;
+    ((unit / LANES) * comptime![ROWS_PER_PLANE * blocks], unit % LANES)
+}
+
+/// Elements of the staged query: `rows` rows of [`staged_row`] where the planes read their
+/// query fragments from shared memory (`blocks` > 1), one vector otherwise (unused).
+pub(super) const fn staged_query_len(rows: usize, head_dim: usize, blocks: usize) -> usize {
+    if blocks > 1 {
+        rows * staged_row(head_dim)
+    } else {
+        8
+    }
+}
+
+/// What a plane does with its rows' fragments: `blocks` blocks of 16 rows (one tensor-core `m`
+/// each), every block's elements laid out like the first's, block after block. With one block
+/// the query fragments stay in registers ([`Self::load_query`]); with two (FlashAttention-2's
+/// 32 rows a warp: each key and value fragment read from shared memory serves both blocks) the
+/// registers hold two blocks' outputs, and the query is read from a staged copy in shared
+/// memory every step. Every method is called by every unit of the cube, in uniform control flow
+/// (implementations may exchange through shared memory).
 #[cube]
 pub(super) trait FragmentMath: 'static + Send + Sync {
     /// This unit's share of its plane's query rows (`row_offsets`: where each of the cube's
-    /// rows starts in `queries`, [`NO_ROW`] for none), as [`Self::scores`] reads it.
-    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> QueryPairs<F>;
+    /// rows starts in `queries`, [`NO_ROW`] for none), as [`Self::scores`] reads it; with more
+    /// than one block, nothing (the scores read the staged query).
+    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize, #[comptime] blocks: usize) -> QueryPairs<F>;
 
     /// `query · key` of the plane's rows and the `keys` staged keys (`[keys, head_dim]`, rows
-    /// [`staged_row`] apart, from element `staged_at`), as `keys / 8` accumulator blocks.
-    fn scores<F: Float>(query: &QueryPairs<F>, staged_keys: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize) -> Array<f32>;
+    /// [`staged_row`] apart, from element `staged_at`), as `blocks × keys / 8` accumulator
+    /// blocks. The query: `query` with one block, `staged_query` (`[rows, head_dim]`, rows
+    /// [`staged_row`] apart) with more.
+    fn scores<F: Float>(query: &QueryPairs<F>, staged_query: &SharedMemory<F>, staged_keys: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] blocks: usize) -> Array<f32>;
 
-    /// `output += weights · values` (`weights`: `keys / 8` blocks, `values`: `[keys, head_dim]`
-    /// staged like the keys; `output`: `head_dim / 8` blocks). `rows`: the cube's.
-    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &Array<f32>, staged_values: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] rows: usize);
+    /// `output += weights · values` (`weights`: `blocks × keys / 8` blocks, `values`: `[keys,
+    /// head_dim]` staged like the keys; `output`: `blocks × head_dim / 8` blocks). `rows`: the
+    /// cube's.
+    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &Array<f32>, staged_values: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] rows: usize, #[comptime] blocks: usize);
 
-    /// The largest `value` of this unit's aligned quad of lanes. `rows`: the cube's.
-    fn quad_max(value: f32, #[comptime] rows: usize) -> f32;
+    /// The largest `value` of this unit's aligned quad of lanes. `units`: the cube's.
+    fn quad_max(value: f32, #[comptime] units: usize) -> f32;
 
-    /// The sum of `value` over this unit's aligned quad of lanes. `rows`: the cube's.
-    fn quad_sum(value: f32, #[comptime] rows: usize) -> f32;
+    /// The sum of `value` over this unit's aligned quad of lanes. `units`: the cube's.
+    fn quad_sum(value: f32, #[comptime] units: usize) -> f32;
 }
 
 /// Fast math: `exp` as `ex2.approx` and the final division by a row's sum as a reciprocal on
@@ -102,6 +139,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     #[comptime] step_keys: usize,
     #[comptime] stages: usize,
     #[comptime] copy_async: bool,
+    #[comptime] blocks: usize,
     #[define(F)] _dtype: StorageType,
 ) {
     let tile_index = cube_index();
@@ -113,7 +151,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     let tile = read_tile(tiles, item_starts, tile_index);
     let q_heads = keys.shape(1) * group;
     let unit = UNIT_POS_X as usize;
-    let units = comptime![units_per_cube_of(rows)];
+    let units = comptime![flash_units(rows, blocks)];
 
     // Where the cube's rows read and write, for the query and output fragments.
     let mut row_offsets = SharedMemory::<u32>::new(rows);
@@ -122,23 +160,45 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     }
     sync_cube();
 
-    // This unit's two rows (`half` 0 and 1: plane rows g and g + 8) and their running state:
-    // maxima, and sums of this unit's own columns (the quad adds them up once, at the end).
-    let (plane_row, lane) = plane_and_lane();
-    let mut rows_state = RowsState { tokens: Array::<u32>::new(HALVES), item_begins: Array::<u32>::new(HALVES), maxima: Array::<f32>::new(HALVES), sums: Array::<f32>::new(HALVES) };
-    #[unroll]
-    for half in 0..HALVES {
-        let row = tile_row(&tile, item_starts, plane_row + fragment_row(lane, 2 * half), kv_head, q_heads, group, head_dim);
-        rows_state.tokens[half] = row.token;
-        rows_state.item_begins[half] = row.item_start;
-        rows_state.maxima[half] = f32::new(NO_SCORE);
-        rows_state.sums[half] = f32::new(0.0);
+    // With two blocks a plane, the cube's query rows in shared memory (zeros for rows without
+    // a token), read by the planes' fragments every step.
+    let mut staged_query = SharedMemory::<F>::new_aligned(comptime![staged_query_len(rows, head_dim, blocks)], 16usize);
+    if comptime![blocks > 1] {
+        for i in 0..comptime![(rows * head_dim).div_ceil(units)] {
+            let index = unit + i * units;
+            if index < comptime![rows * head_dim] {
+                let (row, dim) = (index / head_dim, index % head_dim);
+                let offset = row_offsets[row];
+                let mut value = F::new(0.0);
+                if offset != NO_ROW {
+                    value = queries[offset as usize + dim];
+                }
+                staged_query[row * comptime![staged_row(head_dim)] + dim] = value;
+            }
+        }
+        sync_cube();
     }
 
-    let query = T::load_query::<F>(queries, &row_offsets, head_dim);
-    let mut accumulated = Array::<f32>::new(comptime![head_dim / 8 * BLOCK_ELEMENTS]);
+    // This unit's rows (per block, `half` 0 and 1: the block's rows g and g + 8; state index
+    // `block · 2 + half`) and their running state: maxima, and sums of this unit's own columns
+    // (the quad adds them up once, at the end).
+    let (plane_row, lane) = flash_plane_and_lane(blocks);
+    let unit_rows = comptime![blocks * HALVES];
+    let mut rows_state = RowsState { tokens: Array::<u32>::new(unit_rows), item_begins: Array::<u32>::new(unit_rows), maxima: Array::<f32>::new(unit_rows), sums: Array::<f32>::new(unit_rows) };
     #[unroll]
-    for i in 0..comptime![head_dim / 8 * BLOCK_ELEMENTS] {
+    for r in 0..unit_rows {
+        let row = tile_row(&tile, item_starts, plane_row + (r / HALVES) * ROWS_PER_PLANE + fragment_row(lane, 2 * (r % HALVES)), kv_head, q_heads, group, head_dim);
+        rows_state.tokens[r] = row.token;
+        rows_state.item_begins[r] = row.item_start;
+        rows_state.maxima[r] = f32::new(NO_SCORE);
+        rows_state.sums[r] = f32::new(0.0);
+    }
+
+    let query = T::load_query::<F>(queries, &row_offsets, head_dim, blocks);
+    let output_elements = comptime![head_dim / 8 * BLOCK_ELEMENTS];
+    let mut accumulated = Array::<f32>::new(comptime![blocks * output_elements]);
+    #[unroll]
+    for i in 0..comptime![blocks * output_elements] {
         accumulated[i] = 0.0;
     }
     // Each stage's keys and values one after the other; 16-byte aligned: `ldmatrix` reads rows
@@ -156,7 +216,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
             let share = load_share::<F, N, W>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
             store_share::<F, N, W>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
             sync_cube();
-            flash_step::<F, T>(&tile, &step, &query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, 0usize, scale, head_dim, step_keys, rows);
+            flash_step::<F, T>(&tile, &step, &query, &staged_query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, 0usize, scale, head_dim, step_keys, rows, blocks);
             sync_cube();
         }
     } else if comptime![copy_async] {
@@ -176,7 +236,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
                 copy_share::<F, N, W>(&tile, &next, kv_head, keys, values, prefix_keys, prefix_values, &mut staged_keys, &mut staged_values, ((s + 1) % 2) * buffer, step_keys, head_dim, units);
                 barrier.commit_copy_async();
             }
-            flash_step::<F, T>(&tile, &walk_step(&tile, s, prefix_steps, step_keys), &query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows);
+            flash_step::<F, T>(&tile, &walk_step(&tile, s, prefix_steps, step_keys), &query, &staged_query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows, blocks);
         }
     } else {
         // Two buffers: while step `s` is computed on one, step `s + 1` is read from global
@@ -189,7 +249,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
         for s in 0..steps {
             let step = walk_step(&tile, s, prefix_steps, step_keys);
             let ahead = load_share::<F, N, W>(&tile, &walk_step(&tile, s + 1, prefix_steps, step_keys), kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
-            flash_step::<F, T>(&tile, &step, &query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows);
+            flash_step::<F, T>(&tile, &step, &query, &staged_query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows, blocks);
             store_share::<F, N, W>(&ahead, &mut staged_keys, &mut staged_values, ((s + 1) % 2) * buffer, step_keys, head_dim, units);
             sync_cube();
         }
@@ -197,24 +257,25 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
 
     // Each row's sum over its quad, then the normalised output of the rows that have a token.
     #[unroll]
-    for half in 0..HALVES {
-        let sum = T::quad_sum(rows_state.sums[half], rows);
-        let offset = row_offsets[plane_row + fragment_row(lane, 2 * half)];
+    for r in 0..unit_rows {
+        let (block, half) = (r / HALVES, r % HALVES);
+        let sum = T::quad_sum(rows_state.sums[r], units);
+        let offset = row_offsets[plane_row + block * ROWS_PER_PLANE + fragment_row(lane, 2 * half)];
         if offset != NO_ROW {
             #[unroll]
-            for block in 0..comptime![head_dim / 8] {
+            for dims in 0..comptime![head_dim / 8] {
                 #[unroll]
                 for column in 0..COLUMNS {
-                    let dim = block * 8 + fragment_column(lane, 2 * half + column);
-                    output[offset as usize + dim] = F::cast_from(accumulated[block * BLOCK_ELEMENTS + 2 * half + column] / sum);
+                    let dim = dims * 8 + fragment_column(lane, 2 * half + column);
+                    output[offset as usize + dim] = F::cast_from(accumulated[block * output_elements + dims * BLOCK_ELEMENTS + 2 * half + column] / sum);
                 }
             }
         }
     }
 }
 
-/// A unit's two rows (`half` 0 and 1): their tokens and item starts (what they may see), their
-/// running maxima, and the partial sums of this unit's own columns.
+/// A unit's rows (two a block: `half` 0 and 1): their tokens and item starts (what they may
+/// see), their running maxima, and the partial sums of this unit's own columns.
 #[derive(CubeType)]
 struct RowsState {
     tokens: Array<u32>,
@@ -232,6 +293,7 @@ fn flash_step<F: Float, T: FragmentMath>(
     tile: &Tile,
     step: &Step,
     query: &QueryPairs<F>,
+    staged_query: &SharedMemory<F>,
     rows_state: &mut RowsState,
     accumulated: &mut Array<f32>,
     staged_keys: &SharedMemory<F>,
@@ -241,28 +303,29 @@ fn flash_step<F: Float, T: FragmentMath>(
     #[comptime] head_dim: usize,
     #[comptime] step_keys: usize,
     #[comptime] rows: usize,
+    #[comptime] blocks: usize,
 ) {
     // 2. Scores of the plane's rows against the step's keys (unscaled).
-    let mut weights = T::scores::<F>(query, staged_keys, staged_at, head_dim, step_keys);
+    let mut weights = T::scores::<F>(query, staged_query, staged_keys, staged_at, head_dim, step_keys, blocks);
 
     // 3. Masks and online softmax, each unit on its own elements, a row's quad together. Every
     // row of the tile sees every key of a full prefix step (all but the prefix's last step):
     // those skip the masks. Uniform over the cube.
     let masked = !(step.in_prefix && step.count == step_keys);
     #[unroll]
-    for half in 0..HALVES {
-        let (from, to) = visible_keys(tile, step, rows_state.item_begins[half] as usize, rows_state.tokens[half] as usize);
-        online_softmax::<T>(&mut weights, rows_state, accumulated, half, from, to, masked, scale, head_dim, step_keys, rows);
+    for r in 0..comptime![blocks * HALVES] {
+        let (from, to) = visible_keys(tile, step, rows_state.item_begins[r] as usize, rows_state.tokens[r] as usize);
+        online_softmax::<T>(&mut weights, rows_state, accumulated, r, from, to, masked, scale, head_dim, step_keys, rows, blocks);
     }
 
     // 4. Add weights × values.
-    T::accumulate::<F>(accumulated, &weights, staged_values, staged_at, head_dim, step_keys, rows);
+    T::accumulate::<F>(accumulated, &weights, staged_values, staged_at, head_dim, step_keys, rows, blocks);
 }
 
-/// Step 3 for one of a unit's rows (`half`): its scores (`weights`' elements of that half,
-/// unscaled) become the weights of the keys it sees — `from..to` of the step where `masked`,
-/// all of them otherwise —, its running maximum and partial sum move on, and its output
-/// fragments are rescaled. Maxima are of unscaled scores (`scale` > 0 keeps their order), each
+/// Step 3 for one of a unit's rows (`r`: `half` `r % 2` of block `r / 2`): its scores
+/// (`weights`' elements of that row, unscaled) become the weights of the keys it sees —
+/// `from..to` of the step where `masked`, all of them otherwise —, its running maximum and
+/// partial sum move on, and its output fragments are rescaled. Maxima are of unscaled scores (`scale` > 0 keeps their order), each
 /// weight is one `exp(score · scale − max)`, and masks are selects, not branches (a branch per
 /// element cost a reconvergence point each in the sm_90a code). The maximum and the sum run as
 /// one chain per column of the unit's pairs, halving their dependent lengths. `masked` is
@@ -274,7 +337,7 @@ fn online_softmax<T: FragmentMath>(
     weights: &mut Array<f32>,
     rows_state: &mut RowsState,
     accumulated: &mut Array<f32>,
-    half: usize,
+    r: usize,
     from: usize,
     to: usize,
     masked: bool,
@@ -282,8 +345,14 @@ fn online_softmax<T: FragmentMath>(
     #[comptime] head_dim: usize,
     #[comptime] step_keys: usize,
     #[comptime] rows: usize,
+    #[comptime] blocks: usize,
 ) {
-    let (_, lane) = plane_and_lane();
+    let (_, lane) = flash_plane_and_lane(blocks);
+    let units = comptime![flash_units(rows, blocks)];
+    let half = r % HALVES;
+    // This row's block's elements: of the weights, and of the output.
+    let scores_at = (r / HALVES) * comptime![step_keys / 8 * BLOCK_ELEMENTS];
+    let output_at = (r / HALVES) * comptime![head_dim / 8 * BLOCK_ELEMENTS];
     let mut column_max = Array::<f32>::new(COLUMNS);
     #[unroll]
     for column in 0..COLUMNS {
@@ -295,7 +364,7 @@ fn online_softmax<T: FragmentMath>(
             #[unroll]
             for column in 0..COLUMNS {
                 let key = block * 8 + fragment_column(lane, 2 * half + column);
-                let score = select(key >= from && key < to, weights[block * BLOCK_ELEMENTS + 2 * half + column], f32::new(NO_SCORE));
+                let score = select(key >= from && key < to, weights[scores_at + block * BLOCK_ELEMENTS + 2 * half + column], f32::new(NO_SCORE));
                 column_max[column] = f32::max(column_max[column], score);
             }
         }
@@ -304,26 +373,26 @@ fn online_softmax<T: FragmentMath>(
         for block in 0..comptime![step_keys / 8] {
             #[unroll]
             for column in 0..COLUMNS {
-                column_max[column] = f32::max(column_max[column], weights[block * BLOCK_ELEMENTS + 2 * half + column]);
+                column_max[column] = f32::max(column_max[column], weights[scores_at + block * BLOCK_ELEMENTS + 2 * half + column]);
             }
         }
     }
     // A row that sees no key yet keeps a maximum of NO_SCORE or NO_SCORE · scale: either is
     // far below any real score, and its weights and sum stay 0.
-    let step_max = T::quad_max(f32::max(column_max[0], column_max[1]), rows) * scale;
-    let previous = rows_state.maxima[half];
+    let step_max = T::quad_max(f32::max(column_max[0], column_max[1]), units) * scale;
+    let previous = rows_state.maxima[r];
     let running_max = f32::max(previous, step_max);
     // exp(0) = 1 while the row has seen nothing; 0-weighted history once it does.
     let correction = f32::exp(previous - running_max);
     let mut column_sum = Array::<f32>::new(COLUMNS);
-    column_sum[0] = rows_state.sums[half] * correction;
+    column_sum[0] = rows_state.sums[r] * correction;
     column_sum[1] = f32::new(0.0);
     if masked {
         #[unroll]
         for block in 0..comptime![step_keys / 8] {
             #[unroll]
             for column in 0..COLUMNS {
-                let index = block * BLOCK_ELEMENTS + 2 * half + column;
+                let index = scores_at + block * BLOCK_ELEMENTS + 2 * half + column;
                 let key = block * 8 + fragment_column(lane, 2 * half + column);
                 // A masked key's argument is NO_SCORE: its weight is exp(NO_SCORE) = 0.
                 let weight = f32::exp(select(key >= from && key < to, weights[index] * scale - running_max, f32::new(NO_SCORE)));
@@ -336,20 +405,20 @@ fn online_softmax<T: FragmentMath>(
         for block in 0..comptime![step_keys / 8] {
             #[unroll]
             for column in 0..COLUMNS {
-                let index = block * BLOCK_ELEMENTS + 2 * half + column;
+                let index = scores_at + block * BLOCK_ELEMENTS + 2 * half + column;
                 let weight = f32::exp(weights[index] * scale - running_max);
                 weights[index] = weight;
                 column_sum[column] += weight;
             }
         }
     }
-    rows_state.maxima[half] = running_max;
-    rows_state.sums[half] = column_sum[0] + column_sum[1];
+    rows_state.maxima[r] = running_max;
+    rows_state.sums[r] = column_sum[0] + column_sum[1];
     #[unroll]
     for block in 0..comptime![head_dim / 8] {
         #[unroll]
         for column in 0..COLUMNS {
-            accumulated[block * BLOCK_ELEMENTS + 2 * half + column] *= correction;
+            accumulated[output_at + block * BLOCK_ELEMENTS + 2 * half + column] *= correction;
         }
     }
 }

@@ -25,8 +25,8 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 
-use super::flash::{FragmentMath, BLOCK_ELEMENTS};
-use super::tiled::{plane_and_lane, QueryPairs, TileMath, KEY_BLOCK, NO_ROW};
+use super::flash::{flash_plane_and_lane, FragmentMath, BLOCK_ELEMENTS};
+use super::tiled::{plane_and_lane, QueryPairs, TileMath, KEY_BLOCK, NO_ROW, ROWS_PER_PLANE};
 use super::walk::staged_row;
 use super::FragmentLoads;
 
@@ -104,10 +104,10 @@ fn fragment_at<F: Float>(held: &Array<Vector<F, Pair>>, first: usize, #[comptime
     fragment
 }
 
-/// An A fragment (16 rows × 16) of f32 `values`: element (row, column) at `first + row ·
-/// row_stride + column`.
+/// An A fragment (16 rows × 16) of `values`: element (row, column) at `first + row · row_stride +
+/// column`.
 #[cube]
-fn a_from_shared<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, values: &SharedMemory<f32>, first: usize, #[comptime] row_stride: usize) -> Array<Vector<F, Pair>> {
+fn a_from_shared<F: Float, E: Float>(def: MmaDefinition<F, F, f32>, lane: u32, values: &SharedMemory<E>, first: usize, #[comptime] row_stride: usize) -> Array<Vector<F, Pair>> {
     let count = def.vectors_per_lane(MatrixIdent::A);
     let mut fragment = Array::<Vector<F, Pair>>::new(count);
     #[unroll]
@@ -154,6 +154,10 @@ pub(super) trait FragmentLoad: 'static + Send + Sync {
     /// Values of the 16 keys from `first`'s (the `k`), at 8 dimensions from `first`'s and at the
     /// 8 after them (the `n` of each).
     fn values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_values: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>>;
+
+    /// The `A` fragment of 16 staged query rows from `first`'s (the `m`), at dimensions
+    /// `first..first + 16` of each (the `k`): one fragment, four registers.
+    fn query<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_query: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>>;
 }
 
 /// One `ldmatrix.x4` per two fragments. Lanes `8i .. 8i + 7` give the row addresses of matrix
@@ -179,6 +183,14 @@ impl FragmentLoad for Ldmatrix {
         let start = first + ((matrix % 2) * 8 + lane as usize % 8) * comptime![staged_row(head_dim)] + (matrix / 2) * 8;
         def.load_matrix::<F, Pair>(&staged_values.slice(start, start + 8), MatrixIdent::B, 4usize, true)
     }
+
+    fn query<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_query: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
+        // Matrices: (rows 0..8, dims 0..8), (rows 8..16, dims 0..8), (rows 0..8, dims 8..16),
+        // (rows 8..16, dims 8..16): PTX's `A` registers a0..a3, row g and pair 2t of each.
+        let matrix = lane as usize / 8;
+        let start = first + ((matrix % 2) * 8 + lane as usize % 8) * comptime![staged_row(head_dim)] + (matrix / 2) * 8;
+        def.load_matrix::<F, Pair>(&staged_query.slice(start, start + 8), MatrixIdent::A, 4usize, false)
+    }
 }
 
 /// One shared-memory read per element, where CubeCL's `position_of_nth` puts it.
@@ -200,6 +212,10 @@ impl FragmentLoad for ElementLoads {
         let low = b_from_shared::<F>(def, lane, staged_values, first, row, 1usize);
         let high = b_from_shared::<F>(def, lane, staged_values, first + 8, row, 1usize);
         join::<F>(&low, &high, B_REGISTERS)
+    }
+
+    fn query<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_query: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
+        a_from_shared::<F, F>(def, lane, staged_query, first, comptime![staged_row(head_dim)])
     }
 }
 
@@ -245,21 +261,28 @@ fn query_fragments<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32
 }
 
 /// `output += a · values` for every block of 8 dimensions of `output` (accumulator fragments in
-/// f32, `head_dim / 8` of them), `a` the weights of the 16 staged values whose rows start at
-/// element `first`.
+/// f32, `head_dim / 8` of them per block of 16 rows, `blocks` blocks one after the other), `a`
+/// each row block's `A` fragment of weights (one after the other) for the 16 staged values whose
+/// rows start at element `first`. Each value fragment read serves every row block.
 #[cube]
-fn add_times_values<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, lane: u32, output: &mut Array<f32>, a: &Array<Vector<F, Pair>>, values: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) {
+#[allow(clippy::too_many_arguments)]
+fn add_times_values<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, lane: u32, output: &mut Array<f32>, a: &Array<Vector<F, Pair>>, values: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize, #[comptime] blocks: usize) {
     let per_block = def.elems_per_lane(MatrixIdent::Accumulator);
     let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
+    let a_vectors = def.vectors_per_lane(MatrixIdent::A);
     #[unroll]
-    for blocks in 0..comptime![head_dim / 16] {
-        let b = L::values::<F>(def, lane, values, first + blocks * 16, head_dim);
+    for dims in 0..comptime![head_dim / 16] {
+        let b = L::values::<F>(def, lane, values, first + dims * 16, head_dim);
         #[unroll]
-        for which in 0..2usize {
-            let block = 2 * blocks + which;
-            let mut product = pairs_of::<f32>(output, block * per_block, c_vectors);
-            def.execute_inplace(a, &fragment_at::<F>(&b, which * B_REGISTERS, B_REGISTERS), &mut product);
-            store_pairs(&product, output, block * per_block, c_vectors);
+        for block in 0..blocks {
+            let weights = fragment_at::<F>(a, block * a_vectors, a_vectors);
+            #[unroll]
+            for which in 0..2usize {
+                let at = block * comptime![head_dim / 8 * per_block] + (2 * dims + which) * per_block;
+                let mut product = pairs_of::<f32>(output, at, c_vectors);
+                def.execute_inplace(&weights, &fragment_at::<F>(&b, which * B_REGISTERS, B_REGISTERS), &mut product);
+                store_pairs(&product, output, at, c_vectors);
+            }
         }
     }
 }
@@ -337,8 +360,8 @@ impl<L: FragmentLoad> TileMath for MmaTile<L> {
         #[unroll]
         for step in 0..comptime![keys / KEY_BLOCK] {
             // A is the weights: element (row, key), loaded once for every block of dimensions.
-            let a = a_from_shared::<F>(def, lane, weights, plane_row * keys + step * KEY_BLOCK, keys);
-            add_times_values::<F, L>(def, lane, output, &a, values, step * comptime![KEY_BLOCK * staged_row(head_dim)], head_dim);
+            let a = a_from_shared::<F, f32>(def, lane, weights, plane_row * keys + step * KEY_BLOCK, keys);
+            add_times_values::<F, L>(def, lane, output, &a, values, step * comptime![KEY_BLOCK * staged_row(head_dim)], head_dim, 1usize);
         }
     }
 
@@ -372,38 +395,91 @@ pub(super) struct MmaFragments<L: FragmentLoad> {
 
 #[cube]
 impl<L: FragmentLoad> FragmentMath for MmaFragments<L> {
-    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> QueryPairs<F> {
-        query_fragments::<F>(queries, row_offsets, head_dim)
+    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize, #[comptime] blocks: usize) -> QueryPairs<F> {
+        if comptime![blocks == 1] {
+            query_fragments::<F>(queries, row_offsets, head_dim)
+        } else {
+            Array::<Vector<F, Pair>>::new(1usize)
+        }
     }
 
-    fn scores<F: Float>(query: &QueryPairs<F>, staged_keys: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize) -> Array<f32> {
+    /// Dimensions outside, keys inside: each `k`-step's query fragment (one a row block, from
+    /// registers or `ldmatrix`ed from the staged query) serves every key block, each key
+    /// fragment every row block.
+    fn scores<F: Float>(query: &QueryPairs<F>, staged_query: &SharedMemory<F>, staged_keys: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] blocks: usize) -> Array<f32> {
         let def = definition::<F>();
-        let (_, lane) = plane_and_lane();
+        let (plane_row, lane) = flash_plane_and_lane(blocks);
         let lane = lane as u32;
         let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
-        let mut scores = Array::<f32>::new(comptime![keys / 8 * BLOCK_ELEMENTS]);
+        let a_vectors = def.vectors_per_lane(MatrixIdent::A);
+        // Accumulator fragments in the scores' order: row block, then 8-key block.
+        let fragments = comptime![blocks * keys / 8];
+        let mut products = Array::<Vector<f32, Pair>>::new(comptime![fragments * c_vectors]);
         #[unroll]
-        for blocks in 0..comptime![keys / 16] {
-            // Two blocks of 8 keys, in fragment order: `2 · BLOCK_ELEMENTS` elements.
-            let product = score_blocks::<F, L>(def, lane, query, staged_keys, staged_at + blocks * comptime![16 * staged_row(head_dim)], head_dim);
-            store_pairs(&product, &mut scores, blocks * 2 * BLOCK_ELEMENTS, comptime![2 * c_vectors]);
+        for i in 0..comptime![fragments * c_vectors] {
+            products[i] = Vector::new(0.0);
         }
+        #[unroll]
+        for step in 0..comptime![head_dim / 16] {
+            let mut a = Array::<Vector<F, Pair>>::new(comptime![blocks * a_vectors]);
+            #[unroll]
+            for block in 0..blocks {
+                let fragment = if comptime![blocks == 1] {
+                    fragment_at::<F>(query, step * a_vectors, a_vectors)
+                } else {
+                    L::query::<F>(def, lane, staged_query, (plane_row + block * ROWS_PER_PLANE) * comptime![staged_row(head_dim)] + step * 16, head_dim)
+                };
+                #[unroll]
+                for i in 0..a_vectors {
+                    a[block * a_vectors + i] = fragment[i];
+                }
+            }
+            #[unroll]
+            for pair in 0..comptime![keys / 16] {
+                let b = L::keys::<F>(def, lane, staged_keys, staged_at + pair * comptime![16 * staged_row(head_dim)] + step * 16, head_dim);
+                #[unroll]
+                for block in 0..blocks {
+                    #[unroll]
+                    for which in 0..2usize {
+                        let at = (block * comptime![keys / 8] + 2 * pair + which) * c_vectors;
+                        let mut product = fragment_at::<f32>(&products, at, c_vectors);
+                        def.execute_inplace(&fragment_at::<F>(&a, block * a_vectors, a_vectors), &fragment_at::<F>(&b, which * B_REGISTERS, B_REGISTERS), &mut product);
+                        #[unroll]
+                        for i in 0..c_vectors {
+                            products[at + i] = product[i];
+                        }
+                    }
+                }
+            }
+        }
+        let mut scores = Array::<f32>::new(comptime![fragments * BLOCK_ELEMENTS]);
+        store_pairs(&products, &mut scores, 0usize, comptime![fragments * c_vectors]);
         scores
     }
 
-    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &Array<f32>, staged_values: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] _rows: usize) {
+    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &Array<f32>, staged_values: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] _rows: usize, #[comptime] blocks: usize) {
         let def = definition::<F>();
-        let (_, lane) = plane_and_lane();
+        let (_, lane) = flash_plane_and_lane(blocks);
         let lane = lane as u32;
         let per_step = def.elems_per_lane(MatrixIdent::A);
+        let a_vectors = def.vectors_per_lane(MatrixIdent::A);
         #[unroll]
         for step in 0..comptime![keys / KEY_BLOCK] {
-            let a = pairs_of::<F>(weights, step * per_step, def.vectors_per_lane(MatrixIdent::A));
-            add_times_values::<F, L>(def, lane, output, &a, staged_values, staged_at + step * comptime![KEY_BLOCK * staged_row(head_dim)], head_dim);
+            // Each row block's weights of these 16 keys, as the multiply's `A` fragment.
+            let mut a = Array::<Vector<F, Pair>>::new(comptime![blocks * a_vectors]);
+            #[unroll]
+            for block in 0..blocks {
+                let fragment = pairs_of::<F>(weights, block * comptime![keys / 8 * BLOCK_ELEMENTS] + step * per_step, a_vectors);
+                #[unroll]
+                for i in 0..a_vectors {
+                    a[block * a_vectors + i] = fragment[i];
+                }
+            }
+            add_times_values::<F, L>(def, lane, output, &a, staged_values, staged_at + step * comptime![KEY_BLOCK * staged_row(head_dim)], head_dim, blocks);
         }
     }
 
-    fn quad_max(value: f32, #[comptime] _rows: usize) -> f32 {
+    fn quad_max(value: f32, #[comptime] _units: usize) -> f32 {
         let mut largest = value;
         let neighbour = plane_shuffle_xor(largest, 1u32);
         if neighbour > largest {
@@ -416,7 +492,7 @@ impl<L: FragmentLoad> FragmentMath for MmaFragments<L> {
         largest
     }
 
-    fn quad_sum(value: f32, #[comptime] _rows: usize) -> f32 {
+    fn quad_sum(value: f32, #[comptime] _units: usize) -> f32 {
         let pair = value + plane_shuffle_xor(value, 1u32);
         pair + plane_shuffle_xor(pair, 2u32)
     }

@@ -168,10 +168,14 @@ impl<R: CubeRuntime> AttentionTiles<R> {
         let one_stage = |shape: TileShape| TileShape { stages: 1, ..shape };
         match self.kernel {
             AttentionKernel::Tiled(shape) if head_dim.is_multiple_of(2) && fits(one_stage(shape)) => Some((TileLoop::SharedSoftmax, math, one_stage(shape))),
-            AttentionKernel::Flash(shape) if head_dim.is_multiple_of(8) => [shape, one_stage(shape)].into_iter().find(|&shape| fits(shape)).map(|shape| {
-                let staging = if shape.stages == 2 && math == TileMath::Mma { shape.staging } else { KvStaging::Registers };
-                (TileLoop::Flash, math, shape.with_staging(staging))
-            }),
+            AttentionKernel::Flash(shape) if head_dim.is_multiple_of(8) => {
+                // 32 rows a warp where they fit; the query staged beside them needs room too.
+                let sixteen_rows = |shape: TileShape| TileShape { warp_rows: 16, ..shape };
+                [shape, one_stage(shape), sixteen_rows(shape), sixteen_rows(one_stage(shape))].into_iter().find(|&shape| fits(shape)).map(|shape| {
+                    let staging = if shape.stages == 2 && math == TileMath::Mma { shape.staging } else { KvStaging::Registers };
+                    (TileLoop::Flash, math, shape.with_staging(staging))
+                })
+            }
             _ => None,
         }
     }
@@ -179,7 +183,7 @@ impl<R: CubeRuntime> AttentionTiles<R> {
     /// What a call at `head_dim` in `dtype` runs, for benchmarks and tests to report: `rows`,
     /// or `tiled`/`flash` with `registers`/`tensor cores`, on tensor cores how their fragments
     /// load (`ldmatrix`/`elements`), and the flash kernel's stages (`, cp-async` where it
-    /// copies so).
+    /// copies so; `, 32 rows a warp` where its warps take two row blocks).
     pub fn launched(&self, head_dim: usize, dtype: DType) -> String {
         let Some((tile_loop, math, shape)) = self.tile_kernel(&self.tiles.client, head_dim, dtype) else {
             return "rows".into();
@@ -196,6 +200,9 @@ impl<R: CubeRuntime> AttentionTiles<R> {
             launched.push_str(&format!(", {}", shape.stages_text()));
             if shape.staging == KvStaging::CopyAsync {
                 launched.push_str(&format!(", {}", shape.staging.name()));
+            }
+            if shape.warp_rows != 16 {
+                launched.push_str(&format!(", {} rows a warp", shape.warp_rows));
             }
         }
         launched
@@ -299,10 +306,10 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
             },
             Some((TileLoop::SharedSoftmax, TileMath::Register, shape)) => launch!(tiled::tiled_attention_kernel::launch_unchecked::<register_tile::RegisterTile, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys),
             Some((TileLoop::Flash, TileMath::Mma, shape)) => match shape.loads {
-                FragmentLoads::Ldmatrix => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::Ldmatrix>, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, shape.staging == KvStaging::CopyAsync),
-                FragmentLoads::Elements => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::ElementLoads>, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, shape.staging == KvStaging::CopyAsync),
+                FragmentLoads::Ldmatrix => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::Ldmatrix>, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, shape.staging == KvStaging::CopyAsync, shape.warp_rows / 16),
+                FragmentLoads::Elements => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::ElementLoads>, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, shape.staging == KvStaging::CopyAsync, shape.warp_rows / 16),
             },
-            Some((TileLoop::Flash, TileMath::Register, shape)) => launch!(flash::flash_attention_kernel::launch_unchecked::<register_tile::RegisterFragments, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, false),
+            Some((TileLoop::Flash, TileMath::Register, shape)) => launch!(flash::flash_attention_kernel::launch_unchecked::<register_tile::RegisterFragments, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, false, shape.warp_rows / 16),
             None => launch!(rows::row_attention_kernel::launch_unchecked::<R>, tiles.tokens_per_tile * tiles.group, []),
         }
     }
@@ -351,7 +358,7 @@ mod tests {
     #[test]
     fn tile_shapes_are_those_built() {
         assert_eq!(TileShape::new(64, 16), Some(TileShape::default()));
-        assert_eq!(TileShape::new(128, 64), Some(TileShape { rows: 128, keys: 64, stages: 2, loads: super::FragmentLoads::Ldmatrix, staging: super::KvStaging::Registers }));
+        assert_eq!(TileShape::new(128, 64), Some(TileShape { rows: 128, keys: 64, stages: 2, loads: super::FragmentLoads::Ldmatrix, staging: super::KvStaging::Registers, warp_rows: 16 }));
         for (rows, keys) in [(48, 16), (64, 8), (256, 16), (0, 0)] {
             assert_eq!(TileShape::new(rows, keys), None, "{rows}x{keys}");
         }

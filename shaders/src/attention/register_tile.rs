@@ -10,8 +10,8 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::flash::{fragment_column, fragment_row, FragmentMath, BLOCK_ELEMENTS, HALVES, QUAD};
-use super::tiled::{plane_and_lane, units_per_cube_of, QueryPairs, TileMath, NO_ROW, ROWS_PER_PLANE};
+use super::flash::{flash_plane_and_lane, fragment_column, fragment_row, FragmentMath, BLOCK_ELEMENTS, HALVES, QUAD};
+use super::tiled::{plane_and_lane, QueryPairs, TileMath, NO_ROW, ROWS_PER_PLANE};
 use super::walk::staged_row;
 
 pub(super) struct RegisterTile;
@@ -110,10 +110,11 @@ impl TileMath for RegisterTile {
 
 pub(super) struct RegisterFragments;
 
-/// `value` of every unit of the cube through shared memory; this unit's quad's four, in lane order.
+/// `value` of every unit of the cube (`units` of them) through shared memory; this unit's
+/// quad's four, in lane order.
 #[cube]
-fn quad_values(value: f32, #[comptime] rows: usize) -> Array<f32> {
-    let mut exchange = SharedMemory::<f32>::new(comptime![units_per_cube_of(rows)]);
+fn quad_values(value: f32, #[comptime] units: usize) -> Array<f32> {
+    let mut exchange = SharedMemory::<f32>::new(units);
     let unit = UNIT_POS_X as usize;
     exchange[unit] = value;
     sync_cube();
@@ -127,12 +128,14 @@ fn quad_values(value: f32, #[comptime] rows: usize) -> Array<f32> {
 
 #[cube]
 impl FragmentMath for RegisterFragments {
-    /// The unit's two query rows (plane rows `g` and `g + 8`), whole, one after the other.
-    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize) -> QueryPairs<F> {
-        let (plane_row, lane) = plane_and_lane();
-        let mut query = Array::<Vector<F, Const<2>>>::new(head_dim);
+    /// With one block, the unit's two query rows (plane rows `g` and `g + 8`), whole, one after
+    /// the other; with more, nothing (the scores read the staged query).
+    fn load_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, #[comptime] head_dim: usize, #[comptime] blocks: usize) -> QueryPairs<F> {
+        let (plane_row, lane) = flash_plane_and_lane(blocks);
+        let held = comptime![if blocks == 1 { HALVES } else { 0 }];
+        let mut query = Array::<Vector<F, Const<2>>>::new(comptime![if blocks == 1 { head_dim } else { 1 }]);
         #[unroll]
-        for half in 0..HALVES {
+        for half in 0..held {
             let row = query_rows::<F>(queries, row_offsets, plane_row + fragment_row(lane, 2 * half), head_dim);
             #[unroll]
             for pair in 0..comptime![head_dim / 2] {
@@ -145,17 +148,21 @@ impl FragmentMath for RegisterFragments {
     // The runtime loops are the outer ones, a few per key step: llvmpipe (lavapipe) counts a
     // loop's iterations over the whole invocation and stops it at 65,535, so a runtime loop
     // inside unrolled ones would end early past ~1,000 keys (head_dim 64).
-    fn scores<F: Float>(query: &QueryPairs<F>, staged_keys: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize) -> Array<f32> {
-        let (_, lane) = plane_and_lane();
-        let mut scores = Array::<f32>::new(comptime![keys / 8 * BLOCK_ELEMENTS]);
-        for index in 0..comptime![keys / 8 * BLOCK_ELEMENTS] {
-            let (block, e) = (index / BLOCK_ELEMENTS, index % BLOCK_ELEMENTS);
+    fn scores<F: Float>(query: &QueryPairs<F>, staged_query: &SharedMemory<F>, staged_keys: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] blocks: usize) -> Array<f32> {
+        let (plane_row, lane) = flash_plane_and_lane(blocks);
+        let block_elements = comptime![keys / 8 * BLOCK_ELEMENTS];
+        let mut scores = Array::<f32>::new(comptime![blocks * keys / 8 * BLOCK_ELEMENTS]);
+        for index in 0..comptime![blocks * keys / 8 * BLOCK_ELEMENTS] {
+            let (block, rest) = (index / block_elements, index % block_elements);
+            let (keys_block, e) = (rest / BLOCK_ELEMENTS, rest % BLOCK_ELEMENTS);
             let half = e / 2;
-            let key = block * 8 + fragment_column(lane, e);
+            let key = keys_block * 8 + fragment_column(lane, e);
+            let row = plane_row + block * ROWS_PER_PLANE + fragment_row(lane, e);
             let mut score = f32::new(0.0);
             #[unroll]
             for d in 0..head_dim {
-                score += f32::cast_from(query[(half * head_dim + d) / 2][d % 2]) * f32::cast_from(staged_keys[staged_at + key * comptime![staged_row(head_dim)] + d]);
+                let q = if comptime![blocks == 1] { f32::cast_from(query[(half * head_dim + d) / 2][d % 2]) } else { f32::cast_from(staged_query[row * comptime![staged_row(head_dim)] + d]) };
+                score += q * f32::cast_from(staged_keys[staged_at + key * comptime![staged_row(head_dim)] + d]);
             }
             scores[index] = score;
         }
@@ -164,22 +171,27 @@ impl FragmentMath for RegisterFragments {
 
     /// The plane's weights go through shared memory (`[rows, keys]`), where tensor cores would
     /// read them from the quad's registers.
-    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &Array<f32>, staged_values: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] rows: usize) {
-        let (plane_row, lane) = plane_and_lane();
+    fn accumulate<F: Float>(output: &mut Array<f32>, weights: &Array<f32>, staged_values: &SharedMemory<F>, staged_at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] rows: usize, #[comptime] blocks: usize) {
+        let (plane_row, lane) = flash_plane_and_lane(blocks);
         let mut shared_weights = SharedMemory::<f32>::new(comptime![rows * keys]);
         #[unroll]
-        for block in 0..comptime![keys / 8] {
+        for block in 0..blocks {
             #[unroll]
-            for e in 0..BLOCK_ELEMENTS {
-                let row = plane_row + fragment_row(lane, e);
-                shared_weights[row * keys + block * 8 + fragment_column(lane, e)] = weights[block * BLOCK_ELEMENTS + e];
+            for keys_block in 0..comptime![keys / 8] {
+                #[unroll]
+                for e in 0..BLOCK_ELEMENTS {
+                    let row = plane_row + block * ROWS_PER_PLANE + fragment_row(lane, e);
+                    shared_weights[row * keys + keys_block * 8 + fragment_column(lane, e)] = weights[block * comptime![keys / 8 * BLOCK_ELEMENTS] + keys_block * BLOCK_ELEMENTS + e];
+                }
             }
         }
         sync_cube();
-        for index in 0..comptime![head_dim / 8 * BLOCK_ELEMENTS] {
-            let (block, e) = (index / BLOCK_ELEMENTS, index % BLOCK_ELEMENTS);
-            let row = plane_row + fragment_row(lane, e);
-            let dim = block * 8 + fragment_column(lane, e);
+        let block_elements = comptime![head_dim / 8 * BLOCK_ELEMENTS];
+        for index in 0..comptime![blocks * head_dim / 8 * BLOCK_ELEMENTS] {
+            let (block, rest) = (index / block_elements, index % block_elements);
+            let (dims, e) = (rest / BLOCK_ELEMENTS, rest % BLOCK_ELEMENTS);
+            let row = plane_row + block * ROWS_PER_PLANE + fragment_row(lane, e);
+            let dim = dims * 8 + fragment_column(lane, e);
             let mut sum = output[index];
             #[unroll]
             for key in 0..keys {
@@ -189,8 +201,8 @@ impl FragmentMath for RegisterFragments {
         }
     }
 
-    fn quad_max(value: f32, #[comptime] rows: usize) -> f32 {
-        let quad = quad_values(value, rows);
+    fn quad_max(value: f32, #[comptime] units: usize) -> f32 {
+        let quad = quad_values(value, units);
         let mut largest = quad[0];
         #[unroll]
         for i in 0..QUAD {
@@ -201,8 +213,8 @@ impl FragmentMath for RegisterFragments {
         largest
     }
 
-    fn quad_sum(value: f32, #[comptime] rows: usize) -> f32 {
-        let quad = quad_values(value, rows);
+    fn quad_sum(value: f32, #[comptime] units: usize) -> f32 {
+        let quad = quad_values(value, units);
         quad[0] + quad[1] + quad[2] + quad[3]
     }
 }
