@@ -53,7 +53,8 @@ fn attention_in_f16_accumulates_in_f32() {
 /// per element where CubeCL's `position_of_nth` says) give every lane the elements PTX's
 /// m16n8k16 layout puts there: keysᵀ (k = dimension, n = key) and values (k = key, n =
 /// dimension), lane `l` (`g = l / 4`, `t = l % 4`) holding k = 2t, 2t + 1, 2t + 8, 2t + 9 at
-/// n = g in one fragment and at n = g + 8 in the next. If only `ldmatrix` fails, its lane
+/// n = g in one fragment and at n = g + 8 in the next; and the staged rows as a query `A`
+/// fragment (m = row, k = dimension: rows g, g + 8 at k = 2t, 2t + 1, then at 2t + 8, 2t + 9). If only `ldmatrix` fails, its lane
 /// addressing is wrong; if both do, CubeCL's layout moved (see `mma_fragment_layout_is_ptxs`).
 #[cfg(feature = "cuda")]
 fn tensor_core_fragment_loads_are_ptxs() {
@@ -67,11 +68,12 @@ fn tensor_core_fragment_loads_are_ptxs() {
         let ks = [2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9];
         expected.extend([g, g + 8].iter().flat_map(|&key| ks.map(|dim| value(key, dim))));
         expected.extend([g, g + 8].iter().flat_map(|&dim| ks.map(|key| value(key, dim))));
+        expected.extend([2 * t, 2 * t + 8].iter().flat_map(|&k| [(g, k), (g, k + 1), (g + 8, k), (g + 8, k + 1)].map(|(row, dim)| value(row, dim))));
     }
     for loads in FRAGMENT_LOADS {
         let staged = tensor::<Gpu<half::f16>, 2>(&tile, [16, 16]).into_primitive().tensor();
         let read = burn::tensor::Tensor::<Gpu<half::f16>, 1>::from_primitive(TensorPrimitive::Float(tally_shaders::fragment_loads(staged, loads)));
-        assert_eq!(kernel_cases::host(read), expected, "{loads:?}: per lane, the keys' two fragments, then the values' two");
+        assert_eq!(kernel_cases::host(read), expected, "{loads:?}: per lane, the keys' two fragments, the values' two, then the query's");
     }
 }
 

@@ -213,7 +213,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
         // Stage a step, compute on it, and wait for every unit before restaging.
         for s in 0..steps {
             let step = walk_step(&tile, s, prefix_steps, step_keys);
-            let share = load_share::<F, N, W>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+            let share = load_share::<N, W>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
             store_share::<F, N, W>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
             sync_cube();
             flash_step::<F, T>(&tile, &step, &query, &staged_query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, 0usize, scale, head_dim, step_keys, rows, blocks);
@@ -243,12 +243,12 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
         // memory into registers, then staged in the other; one barrier a step. The read past
         // the walk's end has no keys.
         let first = walk_step(&tile, 0, prefix_steps, step_keys);
-        let share = load_share::<F, N, W>(&tile, &first, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+        let share = load_share::<N, W>(&tile, &first, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
         store_share::<F, N, W>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
         sync_cube();
         for s in 0..steps {
             let step = walk_step(&tile, s, prefix_steps, step_keys);
-            let ahead = load_share::<F, N, W>(&tile, &walk_step(&tile, s + 1, prefix_steps, step_keys), kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+            let ahead = load_share::<N, W>(&tile, &walk_step(&tile, s + 1, prefix_steps, step_keys), kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
             flash_step::<F, T>(&tile, &step, &query, &staged_query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows, blocks);
             store_share::<F, N, W>(&ahead, &mut staged_keys, &mut staged_values, ((s + 1) % 2) * buffer, step_keys, head_dim, units);
             sync_cube();
@@ -414,11 +414,16 @@ fn online_softmax<T: FragmentMath>(
     }
     rows_state.maxima[r] = running_max;
     rows_state.sums[r] = column_sum[0] + column_sum[1];
-    #[unroll]
-    for block in 0..comptime![head_dim / 8] {
+    // Where the maximum did not move the correction is exactly 1 (`exp(0)`): the row's output
+    // stays as it is. Past the first steps of a long prefix that is most steps, and the
+    // rescale is `head_dim / 4` multiplies a unit's row.
+    if correction != 1.0 {
         #[unroll]
-        for column in 0..COLUMNS {
-            accumulated[output_at + block * BLOCK_ELEMENTS + 2 * half + column] *= correction;
+        for block in 0..comptime![head_dim / 8] {
+            #[unroll]
+            for column in 0..COLUMNS {
+                accumulated[output_at + block * BLOCK_ELEMENTS + 2 * half + column] *= correction;
+            }
         }
     }
 }

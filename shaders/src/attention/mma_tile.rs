@@ -502,9 +502,12 @@ impl<L: FragmentLoad> FragmentMath for MmaFragments<L> {
 const PROBE_KEYS: usize = 16;
 const PROBE_DIM: usize = 16;
 
+/// Values a lane of the probe writes: two key `B` fragments, two value ones, one query `A`.
+const PROBE_PER_LANE: usize = 24;
+
 /// One plane stages `tile` (`[16 keys, 16 dimensions]`, row-major) as the tile kernels do and
-/// writes what each lane's `L` reads: the keys' two `B` fragments (8 values), then the values'
-/// two (8 values), 16 a lane.
+/// writes what each lane's `L` reads: the keys' two `B` fragments (8 values), the values' two
+/// (8 values), then the tile's rows as a query's `A` fragment (8 values), 24 a lane.
 #[cube(launch)]
 fn fragment_load_probe<F: Float, L: FragmentLoad>(tile: &Tensor<F>, out: &mut Tensor<F>, #[define(F)] _dtype: StorageType) {
     let def = definition::<F>();
@@ -517,24 +520,28 @@ fn fragment_load_probe<F: Float, L: FragmentLoad>(tile: &Tensor<F>, out: &mut Te
     sync_cube();
     let keys = L::keys::<F>(def, lane, &staged, 0usize, PROBE_DIM);
     let values = L::values::<F>(def, lane, &staged, 0usize, PROBE_DIM);
+    let query = L::query::<F>(def, lane, &staged, 0usize, PROBE_DIM);
+    let first = lane as usize * PROBE_PER_LANE;
     #[unroll]
     for i in 0..comptime![2 * B_REGISTERS] {
         #[unroll]
         for n in 0..PAIR {
-            out[lane as usize * 16 + i * PAIR + n] = keys[i][n];
-            out[lane as usize * 16 + 8 + i * PAIR + n] = values[i][n];
+            out[first + i * PAIR + n] = keys[i][n];
+            out[first + 8 + i * PAIR + n] = values[i][n];
+            out[first + 16 + i * PAIR + n] = query[i][n];
         }
     }
 }
 
 /// What each of a plane's 32 lanes reads with `loads` as the key and value `B` fragments of a
-/// staged tile (`tile`: `[16 keys, 16 dimensions]`, contiguous, bf16 or f16): per lane the
-/// keys' two fragments, then the values' two, 16 values — for the kernel tests on CUDA to hold
-/// against PTX's m16n8k16 `B` layout (tensor cores only: `mma.sync`'s definition).
+/// staged tile (`tile`: `[16 keys, 16 dimensions]`, contiguous, bf16 or f16), and as a query
+/// `A` fragment of its rows: per lane the keys' two fragments, the values' two, then the
+/// query's, 24 values — for the kernel tests on CUDA to hold against PTX's m16n8k16 layouts
+/// (tensor cores only: `mma.sync`'s definition).
 pub fn fragment_loads<R: CubeRuntime>(tile: CubeTensor<R>, loads: FragmentLoads) -> CubeTensor<R> {
     assert_eq!(tile.shape().dims::<2>(), [PROBE_KEYS, PROBE_DIM], "a tile of 16 keys x 16 dimensions");
     let tile = into_contiguous(tile);
-    let out = empty_device_contiguous_dtype(tile.client.clone(), tile.device.clone(), Shape::new([32 * 16]), tile.dtype);
+    let out = empty_device_contiguous_dtype(tile.client.clone(), tile.device.clone(), Shape::new([32 * PROBE_PER_LANE]), tile.dtype);
     let (client, dtype) = (tile.client.clone(), tile.dtype);
     let (count, dim) = (CubeCount::Static(1, 1, 1), CubeDim::new_1d(32));
     match loads {

@@ -134,7 +134,7 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath, N: Size, W: Size>(
         let step = walk_step(&tile, step, prefix_steps, step_keys);
 
         // 1. Stage the step's keys and values.
-        let share = load_share::<F, N, W>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, comptime![units_per_cube_of(rows)]);
+        let share = load_share::<N, W>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, comptime![units_per_cube_of(rows)]);
         store_share::<F, N, W>(&share, &mut tile_keys, &mut tile_values, 0usize, step_keys, head_dim, comptime![units_per_cube_of(rows)]);
         sync_cube();
 

@@ -125,7 +125,7 @@ const fn vectors_per_unit(step_keys: usize, head_dim: usize, width: usize, units
 /// and head dimensions are used.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn load_share<F: Float, N: Size, W: Size>(
+pub(super) fn load_share<N: Size, W: Size>(
     tile: &Tile,
     step: &Step,
     kv_head: usize,
