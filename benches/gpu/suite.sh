@@ -199,8 +199,8 @@ profile_stage() {
 # route): `bench scenario --cuda-profiler-range` brackets one more request whose query is a
 # prefix-cache hit, so only its item pass runs inside the range, and ncu profiles the first
 # $ncu_launches launches there (the first layers; every layer runs the same kernels) with the
-# speed-of-light, occupancy and launch sections, plus DRAM bytes per second and the tensor pipes'
-# busy share where this ncu knows those metrics. Clocks are left alone (METHOD.md). The table: ncu-*.md.
+# speed-of-light, occupancy, launch, warp-state and scheduler sections, plus DRAM bytes per second
+# and the tensor pipes' busy share where this ncu knows those metrics. Clocks are left alone (METHOD.md). The table: ncu-*.md.
 ncu_launches=${TALLY_SUITE_NCU_LAUNCHES:-80}
 ncu_stage() {
     make_model || return 1
@@ -225,12 +225,16 @@ ncu_stage() {
     metrics=$( { grep -oE '^sm__pipe_tensor_op_[a-z0-9]+_cycles_active' <<<"$known" | sort -u | sed 's/$/.avg.pct_of_peak_sustained_active/'
         grep -qE '^dram__bytes[[:space:]]' <<<"$known" && echo dram__bytes.sum.per_second; } | paste -sd, -)
     timeout ${TALLY_SUITE_NCU_SECONDS:-300} "$ncu" --profile-from-start off --clock-control none --launch-count $ncu_launches \
-        --section SpeedOfLight --section Occupancy --section LaunchStats ${metrics:+--metrics "$metrics"} -f -o $bin/$name \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+        ${metrics:+--metrics "$metrics"} -f -o $bin/$name \
         "${scenario[@]}" >"$out/$name.stdout" 2>&1
     local status=$?
     tail -5 "$out/$name.stdout"
     [ -f $bin/$name.ncu-rep ] || { echo "ncu wrote no report (exit $status)"; return 1; }
     "$ncu" --import $bin/$name.ncu-rep --csv --page details --print-units base >"$out/$name.csv" || return 1
+    # The attention kernels' details as ncu prints them, its rules' findings included (where the
+    # warps stall, and why, from WarpStateStats and SchedulerStats).
+    "$ncu" --import $bin/$name.ncu-rep --page details --kernel-name regex:attention >"$out/$name-attention.txt" || true
     python3 benches/gpu/ncu_table.py "$out/$name.csv" --title "ncu: S1 item pass, first $ncu_launches launches, $gpu $dtype, $attention attention, $matmul matmuls" \
         --out "$out/$name.md" && return $status
 }

@@ -153,11 +153,11 @@ pub(super) fn load_share<N: Size, W: Size>(
         // `key < step.count` also keeps `index` inside the step.
         if key < step.count {
             if step.in_prefix {
-                let source = ((kv_head * prefix_tokens + tile.prefix_start + step.first + key) * head_dim + e) / width;
+                let source = prefix_element(tile, step, kv_head, prefix_tokens, key, e, head_dim) / width;
                 k = prefix_keys[source];
                 v = prefix_values[source];
             } else {
-                let source = (((tile.own_start + step.first + key) * kv_heads + kv_head) * head_dim + e) / width;
+                let source = own_element(tile, step, kv_head, kv_heads, key, e, head_dim) / width;
                 k = keys[source];
                 v = values[source];
             }
@@ -166,6 +166,20 @@ pub(super) fn load_share<N: Size, W: Size>(
         share_values[i] = v;
     }
     StepShare::<W> { keys: share_keys, values: share_values }
+}
+
+/// The element where key `key` of a prefix `step` starts its dimension `e` in the prefix K/V
+/// (`[kv_heads, prefix_tokens, head_dim]`).
+#[cube]
+fn prefix_element(tile: &Tile, step: &Step, kv_head: usize, prefix_tokens: usize, key: usize, e: usize, #[comptime] head_dim: usize) -> usize {
+    (kv_head * prefix_tokens + tile.prefix_start + step.first + key) * head_dim + e
+}
+
+/// The element where key `key` of an own `step` starts its dimension `e` in the items' K/V
+/// (`[tokens, kv_heads, head_dim]`).
+#[cube]
+fn own_element(tile: &Tile, step: &Step, kv_head: usize, kv_heads: usize, key: usize, e: usize, #[comptime] head_dim: usize) -> usize {
+    ((tile.own_start + step.first + key) * kv_heads + kv_head) * head_dim + e
 }
 
 /// Writes this unit's `share` of a step into the staged tiles (`[keys, head_dim]`, rows
@@ -237,13 +251,13 @@ pub(super) fn copy_share<F: Float, N: Size, W: Size>(
             // each side's offset stays in its own units (words vectors in global memory,
             // elements in shared memory), and a copy moves `width` elements: `W` words.
             if step.in_prefix {
-                let source = select(present, ((kv_head * prefix_tokens + tile.prefix_start + step.first + key) * head_dim + e) / width, 0usize);
+                let source = select(present, prefix_element(tile, step, kv_head, prefix_tokens, key, e, head_dim) / width, 0usize);
                 unsafe {
                     copy_async_checked(&prefix_keys.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
                     copy_async_checked(&prefix_values.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
                 }
             } else {
-                let source = select(present, (((tile.own_start + step.first + key) * kv_heads + kv_head) * head_dim + e) / width, 0usize);
+                let source = select(present, own_element(tile, step, kv_head, kv_heads, key, e, head_dim) / width, 0usize);
                 unsafe {
                     copy_async_checked(&keys.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
                     copy_async_checked(&values.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
