@@ -1,7 +1,7 @@
-//! The flash kernel: the tiled kernel's walk (a cube of `rows / 16` planes takes `rows` rows,
-//! key steps of `keys`, both a [`super::TileShape`]) with FlashAttention-2's inner loop — the
-//! scores, the masks, the online softmax and the weights never leave the units' registers.
-//! Per key step:
+//! The flash kernel: the tiled kernel's walk (a cube of `rows / 16` planes — `rows / 32` with
+//! 32 rows a warp — takes `rows` rows, key steps of `keys`, both a [`super::TileShape`]) with
+//! FlashAttention-2's inner loop — the scores, the masks, the online softmax and the weights
+//! never leave the units' registers. Per key step:
 //!
 //! 1. the cube stages the step's keys and values in shared memory, a 16-byte vector per read
 //!    on CUDA. With one stage (`--tile-stages 1`) it reads, stages, syncs, computes and syncs
@@ -10,8 +10,9 @@
 //!    `sync_cube` a step (FlashAttention-2's pipeline, registers in place of cp.async). On CUDA
 //!    `--kv-staging cp-async` copies the next step straight into its buffer instead
 //!    ([`copy_share`]), one barrier wait a step;
-//! 2. each plane multiplies its 16 query rows by the step's keys into accumulator fragments
-//!    ([`FragmentMath::scores`]);
+//! 2. each plane multiplies its 16 query rows (32 with `--warp-rows 32`: two blocks of 16 that
+//!    share every key and value fragment read, the query staged in shared memory) by the step's
+//!    keys into accumulator fragments ([`FragmentMath::scores`]);
 //! 3. each unit masks its own elements, takes its rows' maxima across the four units that hold a
 //!    row ([`FragmentMath::quad_max`]), moves its running maxima and partial sums and turns its
 //!    scores into weights in place;
