@@ -10,12 +10,13 @@ tokenizer.json) as a GGUF file llama.cpp loads: the matrices quantised by the `g
 
 import argparse
 import json
-import struct
 from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 from gguf.quants import quantize
+
+from safetensors_reader import checkpoint_tensors
 
 LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
                "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -30,25 +31,6 @@ def gguf_name(name):
     layer, rest = name.removeprefix("model.layers.").split(".", 1)
     module, kind = rest.rsplit(".", 1)
     return f"blk.{layer}.{LAYER_NAMES[module]}.{kind}"
-
-
-def checkpoint_tensors(checkpoint):
-    """(name, float32 array) of every tensor of the checkpoint's safetensors files, read by hand:
-    numpy has no bfloat16, so such tensors are read as u16 and widened."""
-    for path in sorted(checkpoint.glob("*.safetensors")):
-        raw = path.read_bytes()
-        header_len = struct.unpack("<Q", raw[:8])[0]
-        header = json.loads(raw[8:8 + header_len])
-        data = memoryview(raw)[8 + header_len:]
-        for name, info in sorted(header.items()):
-            if name == "__metadata__":
-                continue
-            start, end = info["data_offsets"]
-            dtype = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}[info["dtype"]]
-            values = np.frombuffer(data[start:end], dtype=dtype).reshape(info["shape"])
-            if info["dtype"] == "BF16":
-                values = (values.astype(np.uint32) << 16).view(np.float32)
-            yield name, values.astype(np.float32)
 
 
 def add_tokenizer(writer, tokenizer_path, vocab_size):
