@@ -21,6 +21,10 @@ fn attention_in_f16_accumulates_in_f32() {
         Case { groups: vec![(700, vec![20, 65, 1]), (3, vec![17])], q_heads: 8, kv_heads: 4, head_dim: 64 },
         Case { groups: vec![(2020, vec![20, 20, 3]), (0, vec![5, 1]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128 },
         Case { groups: vec![(15, vec![15, 16, 17]), (1, vec![1]), (17, vec![33])], q_heads: 6, kv_heads: 2, head_dim: 16 },
+        // Prefixes at the 64-key step (its last step full: unmasked) and just under it; items of
+        // 16/17 tokens (32/34 rows: a 32-row warp's edge) — cp.async and 32 rows a warp on
+        // tensor cores, which the float32 cases never reach.
+        Case { groups: vec![(64, vec![16, 17]), (128, vec![15, 33]), (63, vec![1])], q_heads: 8, kv_heads: 4, head_dim: 64 },
     ];
     for (seed, case) in cases.iter().enumerate() {
         let expected = case.expected(seed as u64);

@@ -326,12 +326,13 @@ fn flash_step<F: Float, T: FragmentMath>(
 /// Step 3 for one of a unit's rows (`r`: `half` `r % 2` of block `r / 2`): its scores
 /// (`weights`' elements of that row, unscaled) become the weights of the keys it sees —
 /// `from..to` of the step where `masked`, all of them otherwise —, its running maximum and
-/// partial sum move on, and its output fragments are rescaled. Maxima are of unscaled scores (`scale` > 0 keeps their order), each
-/// weight is one `exp(score · scale − max)`, and masks are selects, not branches (a branch per
-/// element cost a reconvergence point each in the sm_90a code). The maximum and the sum run as
-/// one chain per column of the unit's pairs, halving their dependent lengths. `masked` is
-/// uniform over the cube; the quad's exchanges stay outside its branches (on the register
-/// fragments each call site of one allocates its own shared memory).
+/// partial sum move on, and its output fragments are rescaled. Maxima are of unscaled scores
+/// (`scale` > 0 keeps their order), each weight is one `exp(score · scale − max)`, and masks are
+/// selects, not branches (a branch per element cost a reconvergence point each in the sm_90a
+/// code). The maximum and the sum run as one chain per column of the unit's pairs, halving
+/// their dependent lengths. `masked` is uniform over the cube; the quad's exchanges stay outside
+/// its branches (on the register fragments each call site of one allocates its own shared
+/// memory).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn online_softmax<T: FragmentMath>(

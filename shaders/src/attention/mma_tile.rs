@@ -50,16 +50,17 @@ fn definition<F: Float>() -> MmaDefinition<F, F, f32> {
     MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize)
 }
 
-/// An accumulator fragment of zeros.
+/// `fragments` accumulator fragments of zeros, one after the other.
 #[cube]
-fn zeros<F: Float>(def: MmaDefinition<F, F, f32>) -> Array<Vector<f32, Pair>> {
-    let count = def.vectors_per_lane(MatrixIdent::Accumulator);
-    let mut fragment = Array::<Vector<f32, Pair>>::new(count);
+fn zeros<F: Float>(def: MmaDefinition<F, F, f32>, #[comptime] fragments: usize) -> Array<Vector<f32, Pair>> {
+    let per_fragment = def.vectors_per_lane(MatrixIdent::Accumulator);
+    let count = comptime![fragments * per_fragment];
+    let mut zeros = Array::<Vector<f32, Pair>>::new(count);
     #[unroll]
     for i in 0..count {
-        fragment[i] = Vector::new(0.0);
+        zeros[i] = Vector::new(0.0);
     }
-    fragment
+    zeros
 }
 
 /// A fragment of `count` registers from this lane's own f32 values `values[first..]`, in
@@ -102,6 +103,16 @@ fn fragment_at<F: Float>(held: &Array<Vector<F, Pair>>, first: usize, #[comptime
         fragment[i] = held[first + i];
     }
     fragment
+}
+
+/// Writes the `count` registers of `fragment` into `held` from `first`: the inverse of
+/// [`fragment_at`].
+#[cube]
+fn put_fragment<E: Scalar>(held: &mut Array<Vector<E, Pair>>, first: usize, fragment: &Array<Vector<E, Pair>>, #[comptime] count: usize) {
+    #[unroll]
+    for i in 0..count {
+        held[first + i] = fragment[i];
+    }
 }
 
 /// An A fragment (16 rows × 16) of `values`: element (row, column) at `first + row · row_stride +
@@ -179,18 +190,25 @@ impl FragmentLoad for Ldmatrix {
 
     fn values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_values: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
         // Matrices: (keys 0..8, dims 0..8), (keys 8..16, dims 0..8), then the next 8 dims.
-        let matrix = lane as usize / 8;
-        let start = first + ((matrix % 2) * 8 + lane as usize % 8) * comptime![staged_row(head_dim)] + (matrix / 2) * 8;
-        def.load_matrix::<F, Pair>(&staged_values.slice(start, start + 8), MatrixIdent::B, 4usize, true)
+        rows_then_columns_x4::<F>(def, lane, staged_values, first, MatrixIdent::B, true, head_dim)
     }
 
     fn query<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_query: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
-        // Matrices: (rows 0..8, dims 0..8), (rows 8..16, dims 0..8), (rows 0..8, dims 8..16),
-        // (rows 8..16, dims 8..16): PTX's `A` registers a0..a3, row g and pair 2t of each.
-        let matrix = lane as usize / 8;
-        let start = first + ((matrix % 2) * 8 + lane as usize % 8) * comptime![staged_row(head_dim)] + (matrix / 2) * 8;
-        def.load_matrix::<F, Pair>(&staged_query.slice(start, start + 8), MatrixIdent::A, 4usize, false)
+        // Matrices: (rows 0..8, dims 0..8), (rows 8..16, dims 0..8), then the next 8 dims: PTX's
+        // `A` registers a0..a3, row g and pair 2t of each.
+        rows_then_columns_x4::<F>(def, lane, staged_query, first, MatrixIdent::A, false, head_dim)
     }
+}
+
+/// One `ldmatrix.x4` of the 16 staged rows from `first`'s × 16 elements from `first`'s: the
+/// matrices (rows 0..8, elements 0..8), (rows 8..16, elements 0..8), (rows 0..8, elements
+/// 8..16), (rows 8..16, elements 8..16) — the values' two `B` fragments (`.trans`), the query's
+/// `A` fragment.
+#[cube]
+fn rows_then_columns_x4<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged: &SharedMemory<F>, first: usize, #[comptime] ident: MatrixIdent, #[comptime] transpose: bool, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
+    let matrix = lane as usize / 8;
+    let start = first + ((matrix % 2) * 8 + lane as usize % 8) * comptime![staged_row(head_dim)] + (matrix / 2) * 8;
+    def.load_matrix::<F, Pair>(&staged.slice(start, start + 8), ident, 4usize, transpose)
 }
 
 /// One shared-memory read per element, where CubeCL's `position_of_nth` puts it.
@@ -287,21 +305,29 @@ fn add_times_values<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, la
     }
 }
 
-/// `query · keys` (unscaled) of the plane's rows and the 16 staged keys whose rows start at
-/// element `first`: two accumulator blocks of 8 keys, registers `0..2` and `2..4`.
+/// `products += a · keysᵀ` for one `k`-step of 16 dimensions against every staged key: `a` each
+/// row block's query `A` fragment (one after the other), the keys from element `first` (this
+/// step's dimensions of the first key), `products` the accumulator fragments in the scores'
+/// order (row block, then block of 8 keys). Each key fragment read serves every row block.
 #[cube]
-fn score_blocks<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, lane: u32, query: &QueryPairs<F>, staged_keys: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<f32, Pair>> {
-    let mut low = zeros::<F>(def);
-    let mut high = zeros::<F>(def);
+#[allow(clippy::too_many_arguments)]
+fn add_query_times_keys<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, lane: u32, products: &mut Array<Vector<f32, Pair>>, a: &Array<Vector<F, Pair>>, staged_keys: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] blocks: usize) {
+    let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
+    let a_vectors = def.vectors_per_lane(MatrixIdent::A);
     #[unroll]
-    for step in 0..comptime![head_dim / 16] {
-        let a_registers = def.vectors_per_lane(MatrixIdent::A);
-        let a = fragment_at::<F>(query, step * a_registers, a_registers);
-        let b = L::keys::<F>(def, lane, staged_keys, first + step * 16, head_dim);
-        def.execute_inplace(&a, &fragment_at::<F>(&b, 0usize, B_REGISTERS), &mut low);
-        def.execute_inplace(&a, &fragment_at::<F>(&b, B_REGISTERS, B_REGISTERS), &mut high);
+    for pair in 0..comptime![keys / 16] {
+        let b = L::keys::<F>(def, lane, staged_keys, first + pair * comptime![16 * staged_row(head_dim)], head_dim);
+        #[unroll]
+        for block in 0..blocks {
+            #[unroll]
+            for which in 0..2usize {
+                let at = (block * comptime![keys / 8] + 2 * pair + which) * c_vectors;
+                let mut product = fragment_at::<f32>(products, at, c_vectors);
+                def.execute_inplace(&fragment_at::<F>(a, block * a_vectors, a_vectors), &fragment_at::<F>(&b, which * B_REGISTERS, B_REGISTERS), &mut product);
+                put_fragment::<f32>(products, at, &product, c_vectors);
+            }
+        }
     }
-    join::<f32>(&low, &high, def.vectors_per_lane(MatrixIdent::Accumulator))
 }
 
 #[cube]
@@ -327,16 +353,20 @@ impl<L: FragmentLoad> TileMath for MmaTile<L> {
         let (plane_row, lane) = plane_and_lane();
         let lane = lane as u32;
         let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
+        let a_vectors = def.vectors_per_lane(MatrixIdent::A);
+        let mut products = zeros::<F>(def, comptime![keys / 8]);
         #[unroll]
-        for blocks in 0..comptime![keys / 16] {
-            let product = score_blocks::<F, L>(def, lane, query, staged_keys, blocks * comptime![16 * staged_row(head_dim)], head_dim);
+        for step in 0..comptime![head_dim / 16] {
+            add_query_times_keys::<F, L>(def, lane, &mut products, &fragment_at::<F>(query, step * a_vectors, a_vectors), staged_keys, step * 16, head_dim, keys, 1usize);
+        }
+        #[unroll]
+        for block in 0..comptime![keys / 8] {
             #[unroll]
-            for i in 0..comptime![2 * c_vectors] {
+            for i in 0..c_vectors {
                 #[unroll]
                 for n in 0..PAIR {
-                    // Registers `0..c_vectors` are the first block of 8 keys, the rest the second.
-                    let (row, key) = def.position_of_nth(lane, ((i % c_vectors) * PAIR + n) as u32, MatrixIdent::Accumulator);
-                    scores[(plane_row + row as usize) * keys + blocks * 16 + (i / c_vectors) * 8 + key as usize] = product[i][n] * scale;
+                    let (row, key) = def.position_of_nth(lane, (i * PAIR + n) as u32, MatrixIdent::Accumulator);
+                    scores[(plane_row + row as usize) * keys + block * 8 + key as usize] = products[block * c_vectors + i][n] * scale;
                 }
             }
         }
@@ -412,13 +442,8 @@ impl<L: FragmentLoad> FragmentMath for MmaFragments<L> {
         let lane = lane as u32;
         let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
         let a_vectors = def.vectors_per_lane(MatrixIdent::A);
-        // Accumulator fragments in the scores' order: row block, then 8-key block.
         let fragments = comptime![blocks * keys / 8];
-        let mut products = Array::<Vector<f32, Pair>>::new(comptime![fragments * c_vectors]);
-        #[unroll]
-        for i in 0..comptime![fragments * c_vectors] {
-            products[i] = Vector::new(0.0);
-        }
+        let mut products = zeros::<F>(def, fragments);
         #[unroll]
         for step in 0..comptime![head_dim / 16] {
             let mut a = Array::<Vector<F, Pair>>::new(comptime![blocks * a_vectors]);
@@ -429,28 +454,9 @@ impl<L: FragmentLoad> FragmentMath for MmaFragments<L> {
                 } else {
                     L::query::<F>(def, lane, staged_query, (plane_row + block * ROWS_PER_PLANE) * comptime![staged_row(head_dim)] + step * 16, head_dim)
                 };
-                #[unroll]
-                for i in 0..a_vectors {
-                    a[block * a_vectors + i] = fragment[i];
-                }
+                put_fragment::<F>(&mut a, block * a_vectors, &fragment, a_vectors);
             }
-            #[unroll]
-            for pair in 0..comptime![keys / 16] {
-                let b = L::keys::<F>(def, lane, staged_keys, staged_at + pair * comptime![16 * staged_row(head_dim)] + step * 16, head_dim);
-                #[unroll]
-                for block in 0..blocks {
-                    #[unroll]
-                    for which in 0..2usize {
-                        let at = (block * comptime![keys / 8] + 2 * pair + which) * c_vectors;
-                        let mut product = fragment_at::<f32>(&products, at, c_vectors);
-                        def.execute_inplace(&fragment_at::<F>(&a, block * a_vectors, a_vectors), &fragment_at::<F>(&b, which * B_REGISTERS, B_REGISTERS), &mut product);
-                        #[unroll]
-                        for i in 0..c_vectors {
-                            products[at + i] = product[i];
-                        }
-                    }
-                }
-            }
+            add_query_times_keys::<F, L>(def, lane, &mut products, &a, staged_keys, staged_at + step * 16, head_dim, keys, blocks);
         }
         let mut scores = Array::<f32>::new(comptime![fragments * BLOCK_ELEMENTS]);
         store_pairs(&products, &mut scores, 0usize, comptime![fragments * c_vectors]);
@@ -470,10 +476,7 @@ impl<L: FragmentLoad> FragmentMath for MmaFragments<L> {
             #[unroll]
             for block in 0..blocks {
                 let fragment = pairs_of::<F>(weights, block * comptime![keys / 8 * BLOCK_ELEMENTS] + step * per_step, a_vectors);
-                #[unroll]
-                for i in 0..a_vectors {
-                    a[block * a_vectors + i] = fragment[i];
-                }
+                put_fragment::<F>(&mut a, block * a_vectors, &fragment, a_vectors);
             }
             add_times_values::<F, L>(def, lane, output, &a, staged_values, staged_at + step * comptime![KEY_BLOCK * staged_row(head_dim)], head_dim, blocks);
         }
