@@ -62,6 +62,9 @@ fn unsupported_backend_and_dtype_pairs_are_refused() {
     let out = tally(&["score", "--model", tied.to_str().unwrap(), "--request", "-", "--cublas-ordering", "sync"], &request);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--cublas-ordering applies to --matmul cublas only"));
+    let out = tally(&["score", "--model", tied.to_str().unwrap(), "--request", "-", "--flush-denormals"], &request);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--flush-denormals is an NVRTC option: it needs --backend cuda"));
 }
 
 #[test]

@@ -33,7 +33,8 @@
 //! failure. `TALLY_CUDA_CODEGEN_REPORT=FILE` writes the per-kernel table as JSON (committed as
 //! `benches/results/cuda-codegen-sm90a.json`); `TALLY_CUDA_CODEGEN_DUMP=DIR` keeps every kernel's
 //! source, PTX and cubin there, for `benches/gpu/sass_mix.py`'s instruction counts;
-//! `TALLY_CUDA_CODEGEN_ONLY=TEXT` compiles only the kernels whose generator's line holds `TEXT`.
+//! `TALLY_CUDA_CODEGEN_ONLY=TEXT` compiles only the kernels whose generator's line holds `TEXT`;
+//! `TALLY_CUDA_CODEGEN_FLUSH_DENORMALS=1` compiles as `--flush-denormals` does (`--ftz=true`).
 
 #[path = "common/offline_cuda.rs"]
 mod offline_cuda;
@@ -88,7 +89,12 @@ impl Toolkit {
         if cccl.exists() {
             include_paths.push(cccl.display().to_string());
         }
-        let options = CompileOptions { arch: Some("sm_90a"), include_paths, options: vec!["-lineinfo".into()], ..Default::default() };
+        let mut options = vec!["-lineinfo".to_owned()];
+        // What `--flush-denormals` adds (patched cubecl-cuda).
+        if std::env::var_os("TALLY_CUDA_CODEGEN_FLUSH_DENORMALS").is_some() {
+            options.push("--ftz=true".to_owned());
+        }
+        let options = CompileOptions { arch: Some("sm_90a"), include_paths, options, ..Default::default() };
         compile_ptx_with_opts(&kernel.source, options).map(|ptx| ptx.to_src()).map_err(|error| format!("{error:?}"))
     }
 

@@ -14,7 +14,8 @@
 # runs the tile kernels (e.g. "--fragment-loads elements" should ldmatrix fail on a machine).
 # TALLY_SUITE_FLASH_VARIANTS the flash kernel's variants timed beside its default (see below).
 # TALLY_SUITE_NCU_LAUNCHES (80) and TALLY_SUITE_NCU_SECONDS (300) bound the ncu stage;
-# TALLY_SUITE_FIXTURE_DTYPES overrides TALLY_SUITE_DTYPES for the fixtures stage.
+# TALLY_SUITE_FIXTURE_DTYPES overrides TALLY_SUITE_DTYPES for the fixtures stage;
+# TALLY_SUITE_SCENARIO_EXTRAS narrows the scenario stage's comparisons (see there).
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,11 +35,18 @@ tiles=${TALLY_SUITE_TILES-64x16 128x32}  # empty: no sweep
 # The flash kernel's variants the attention and scenario stages time beside its default, as
 # NAME=FLAGS with the flags joined by commas: its next key step by cp.async; FlashAttention-2's
 # 32 rows a warp (the query read from shared memory; with cp.async, which frees the registers
-# the read-ahead holds), at 64- and 32-key steps. Empty: none.
-flash_variants=${TALLY_SUITE_FLASH_VARIANTS-cp-async=--kv-staging,cp-async warp32=--kv-staging,cp-async,--warp-rows,32 warp32-keys32=--kv-staging,cp-async,--warp-rows,32,--tile-keys,32}
-variant_flags() { local flags=${1#*=}; echo "${flags//,/ }"; }
-read -r -a tile_flags <<<"${TALLY_SUITE_TILE_FLAGS:-}"
+# the read-ahead holds), at 64- and 32-key steps, and at 64 with every kernel compiled with
+# denormals flushed (one instruction an exponential). Empty: none.
+flash_variants=${TALLY_SUITE_FLASH_VARIANTS-cp-async=--kv-staging,cp-async warp32=--kv-staging,cp-async,--warp-rows,32 warp32-ftz=--kv-staging,cp-async,--warp-rows,32,--flush-denormals warp32-keys32=--kv-staging,cp-async,--warp-rows,32,--tile-keys,32}
 dry=${TALLY_SUITE_DRY_RUN:-0}
+# A variant's flags; the CPU rehearsal drops --flush-denormals, an NVRTC option CUDA alone takes.
+variant_flags() {
+    local flags=${1#*=}
+    flags=${flags//,/ }
+    [ "$dry" = 1 ] && flags=${flags//--flush-denormals/}
+    echo "$flags"
+}
+read -r -a tile_flags <<<"${TALLY_SUITE_TILE_FLAGS:-}"
 bin=/tmp/tally-suite
 mkdir -p $bin
 
@@ -121,12 +129,13 @@ attention_stage() {
     done
     for tile in $tiles; do
         "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations "${tile_flags[@]}" \
-            --tile-rows ${tile%x*} --tile-keys ${tile#*x} --out "$out/attention-$gpu-$last-tile-$tile.json" || ok=1
+            --tile-rows ${tile%x*} --tile-keys ${tile#*x} --routes tiled,flash --out "$out/attention-$gpu-$last-tile-$tile.json" || ok=1
     done
-    "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --tile-stages 1 --out "$out/attention-$gpu-$last-one-stage.json" || ok=1
-    "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --fragment-loads elements --out "$out/attention-$gpu-$last-element-loads.json" || ok=1
+    "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --tile-stages 1 --routes flash --out "$out/attention-$gpu-$last-one-stage.json" || ok=1
+    "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --fragment-loads elements --routes tiled,flash --out "$out/attention-$gpu-$last-element-loads.json" || ok=1
     for variant in $flash_variants; do
-        "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations "${tile_flags[@]}" $(variant_flags $variant) --out "$out/attention-$gpu-$last-${variant%%=*}.json" || ok=1
+        "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations "${tile_flags[@]}" $(variant_flags $variant) --routes flash \
+            --out "$out/attention-$gpu-$last-${variant%%=*}.json" || ok=1
     done
     return $ok
 }
@@ -142,6 +151,10 @@ make_model() { [ -f $model/config.json ] || "$cuda" make-model --preset $preset 
 # the device's free memory: S1's 10,020 item tokens are one pass), then for each matmul route S1
 # split into passes of the old fixed budget (8,192 tokens: two passes), to see what one pass buys,
 # and S1 with Burn's fused elementwise ops in place of tally's kernels (CUDA's default).
+# TALLY_SUITE_SCENARIO_EXTRAS names which of the three comparisons run (default all: split,
+# elementwise-burn, cublas-sync); a lease that measured them once can spend the time elsewhere.
+scenario_extras=${TALLY_SUITE_SCENARIO_EXTRAS-split elementwise-burn cublas-sync}
+has_extra() { [[ " $scenario_extras " == *" $1 "* ]]; }
 scenario_stage() {
     make_model || return 1
     local ok=0 first_attention=${attentions%% *}
@@ -155,12 +168,12 @@ scenario_stage() {
             done
         done
         for matmul in $matmuls; do
-            "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+            has_extra split && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --max-batch-tokens $split_tokens \
-                --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-$split_tokens-tokens.json" || ok=1
-            "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+                --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-$split_tokens-tokens.json" || ok=1; }
+            has_extra elementwise-burn && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --elementwise burn \
-                --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-elementwise-burn.json" || ok=1
+                --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-elementwise-burn.json" || ok=1; }
             # The flash kernel's variants (cp.async, 32 rows a warp) against its default.
             if [ "$first_attention" = flash ]; then
                 for variant in $flash_variants; do
@@ -169,7 +182,7 @@ scenario_stage() {
                 done
             fi
             # cuBLASLt on CubeCL's stream against the same GEMMs with host syncs around each.
-            [ "$matmul" = cublas ] && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+            [ "$matmul" = cublas ] && has_extra cublas-sync && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags cublas-sync) "${tile_flags[@]}" --out "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-sync.json" || ok=1; }
         done
     done

@@ -7,7 +7,7 @@ use anyhow::{ensure, Result};
 use clap::Args;
 use burn::tensor::{activation::softmax, backend::Backend, ElementConversion, Tensor, TensorData};
 use serde_json::{json, Value};
-use tally_model::{AttentionRoute, ItemLayout, PrefixKv, Routes, ScoringBackend, TileShape};
+use tally_model::{AttentionRoute, ItemLayout, PlannedAttention, PrefixKv, Routes, ScoringBackend, TileShape};
 
 use crate::rng::Rng;
 use crate::timing::median_seconds;
@@ -31,12 +31,57 @@ pub struct AttentionArgs {
     /// Timed runs of each variant (after one warm-up); the median is reported.
     #[arg(long, default_value_t = 5)]
     pub iterations: usize,
+    /// The routes to check and time, beside dense attention (a variant of the flash kernel
+    /// needs only `flash`: each route compiles its kernels and tunes its matmuls).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "kernel,tiled,flash,cascade")]
+    pub routes: Vec<Route>,
     /// Where to write the JSON result (also printed).
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
 }
 
-/// Times one layer's attention on backend `B`, every route against dense-masked attention.
+/// A route `bench attention` times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Route {
+    /// The row kernel (`multi_item_*` in the result).
+    Kernel,
+    Tiled,
+    Flash,
+    Cascade,
+}
+
+impl Route {
+    const ALL: [Route; 4] = [Route::Kernel, Route::Tiled, Route::Flash, Route::Cascade];
+
+    /// Its name in the result's `launched` and `routes_run`.
+    fn name(self) -> &'static str {
+        match self {
+            Route::Kernel => "kernel",
+            Route::Tiled => "tiled",
+            Route::Flash => "flash",
+            Route::Cascade => "cascade",
+        }
+    }
+
+    /// Its keys' stem in the result (`<key>_ms`, `<key>_tflops`).
+    fn key(self) -> &'static str {
+        match self {
+            Route::Kernel => "multi_item",
+            other => other.name(),
+        }
+    }
+
+    fn attention(self, tile: TileShape) -> AttentionRoute {
+        match self {
+            Route::Kernel => AttentionRoute::Kernel,
+            Route::Tiled => AttentionRoute::Tiled(tile),
+            Route::Flash => AttentionRoute::Flash(tile),
+            Route::Cascade => AttentionRoute::Cascade,
+        }
+    }
+}
+
+/// Times one layer's attention on backend `B`, the routes asked against dense-masked attention.
 /// `tile`: the tile routes' (tiled, flash) tile shape.
 pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: &RunsOn, tile: TileShape) -> Result<Value> {
     let a = args;
@@ -58,60 +103,55 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
     // Planned once per pass in the model, so timed apart from the per-layer run.
     let spans = [(0, a.prefix)];
     let plan = |route| B::plan_attention(route, &layout, &spans, group, &device);
-    let (kernel_route, tiled_route, flash_route) = (AttentionRoute::Kernel, AttentionRoute::Tiled(tile), AttentionRoute::Flash(tile));
-    let (planned_kernel, planned_tiled, planned_flash, planned_cascade) = (plan(kernel_route), plan(tiled_route), plan(flash_route), plan(AttentionRoute::Cascade));
-    let multi_item = || planned_kernel.run(queries.clone(), keys.clone(), values.clone(), &prefix);
-    let tiled = || planned_tiled.run(queries.clone(), keys.clone(), values.clone(), &prefix);
-    let flash = || planned_flash.run(queries.clone(), keys.clone(), values.clone(), &prefix);
-    let cascade = || planned_cascade.run(queries.clone(), keys.clone(), values.clone(), &prefix);
     let mask = dense_mask::<B>(a.prefix, &layout, group, &device);
     let dense = || dense_masked_attention(queries.clone(), keys.clone(), values.clone(), &prefix, mask.clone());
+    let routes: Vec<Route> = Route::ALL.into_iter().filter(|route| a.routes.contains(route)).collect();
+    let planned: Vec<_> = routes.iter().map(|route| plan(route.attention(tile))).collect();
+    let run = |planned: &dyn PlannedAttention<B>| planned.run(queries.clone(), keys.clone(), values.clone(), &prefix);
 
     // Same answer first: a benchmark of a wrong kernel is worth nothing.
-    for (name, output) in [("kernel", multi_item()), ("tiled", tiled()), ("flash", flash()), ("cascade", cascade())] {
-        let difference = (output - dense()).abs().max().into_scalar().elem::<f32>();
-        ensure!(difference < 1e-2, "the {name} route and dense attention disagree by {difference}");
+    for (route, planned) in routes.iter().zip(&planned) {
+        let difference = (run(planned.as_ref()) - dense()).abs().max().into_scalar().elem::<f32>();
+        ensure!(difference < 1e-2, "the {} route and dense attention disagree by {difference}", route.name());
     }
-    let multi_item_ms = median_seconds(a.iterations, || multi_item().sum().into_scalar()) * 1e3;
-    let tiled_ms = median_seconds(a.iterations, || tiled().sum().into_scalar()) * 1e3;
-    let flash_ms = median_seconds(a.iterations, || flash().sum().into_scalar()) * 1e3;
-    let cascade_ms = median_seconds(a.iterations, || cascade().sum().into_scalar()) * 1e3;
     let dense_ms = median_seconds(a.iterations, || dense().sum().into_scalar()) * 1e3;
-    let kernel_plan_ms = median_seconds(a.iterations, || plan(kernel_route)) * 1e3;
-    let cascade_plan_ms = median_seconds(a.iterations, || plan(AttentionRoute::Cascade)) * 1e3;
 
     // Useful work: each row sees the prefix and its own item up to itself (QKᵀ and PV).
     let visible_keys: usize = (0..a.item_len).map(|k| a.prefix + k + 1).sum::<usize>() * a.items;
     let flop = 4.0 * (visible_keys * a.q_heads * a.head_dim) as f64;
     let tflops = |ms: f64| flop / (ms * 1e-3) / 1e12;
     let runs = |attention| B::routes(Routes { attention, ..Routes::default() }).attention.to_string();
-    Ok(json!({
+    let mut result = json!({
         "benchmark": "multi-item attention, one layer",
         "backend": runs_on.backend,
         "dtype": runs_on.dtype,
         "device": runs_on.device,
         "shape": {"prefix": a.prefix, "items": a.items, "item_len": a.item_len, "q_heads": a.q_heads, "kv_heads": a.kv_heads, "head_dim": a.head_dim},
         "iterations": a.iterations,
-        "multi_item_ms": multi_item_ms,
         "dense_masked_ms": dense_ms,
-        "tiled_ms": tiled_ms,
-        "flash_ms": flash_ms,
         "tile": tile.to_string(),
+        "flush_denormals": runs_on.flush_denormals,
+        "useful_tflop": flop / 1e12,
+        "dense_masked_tflops_useful": tflops(dense_ms),
         // What the backend runs for each route asked (the CPU runs its one kernel for both),
         // and which kernel each launched at this shape (a tile falls back where it can't fit).
-        "routes_run": {"kernel": runs(kernel_route), "tiled": runs(tiled_route), "flash": runs(flash_route)},
-        "launched": {"kernel": planned_kernel.launched(a.head_dim), "tiled": planned_tiled.launched(a.head_dim), "flash": planned_flash.launched(a.head_dim), "cascade": planned_cascade.launched(a.head_dim)},
-        "cascade_ms": cascade_ms,
-        "kernel_plan_ms": kernel_plan_ms,
-        "cascade_plan_ms": cascade_plan_ms,
-        "speedup": dense_ms / multi_item_ms,
-        "useful_tflop": flop / 1e12,
-        "multi_item_tflops": tflops(multi_item_ms),
-        "tiled_tflops": tflops(tiled_ms),
-        "flash_tflops": tflops(flash_ms),
-        "cascade_tflops": tflops(cascade_ms),
-        "dense_masked_tflops_useful": tflops(dense_ms),
-    }))
+        "routes_run": {},
+        "launched": {},
+    });
+    for (route, planned) in routes.iter().zip(&planned) {
+        let ms = median_seconds(a.iterations, || run(planned.as_ref()).sum().into_scalar()) * 1e3;
+        result[format!("{}_ms", route.key())] = json!(ms);
+        result[format!("{}_tflops", route.key())] = json!(tflops(ms));
+        result["routes_run"][route.name()] = json!(runs(route.attention(tile)));
+        result["launched"][route.name()] = json!(planned.launched(a.head_dim));
+        if matches!(route, Route::Kernel | Route::Cascade) {
+            result[format!("{}_plan_ms", route.name())] = json!(median_seconds(a.iterations, || plan(route.attention(tile))) * 1e3);
+        }
+        if *route == Route::Kernel {
+            result["speedup"] = json!(dense_ms / ms);
+        }
+    }
+    Ok(result)
 }
 
 /// `[rows · group, prefix + tokens]` additive mask of the packed sequence `query + items`:

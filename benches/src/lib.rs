@@ -39,6 +39,8 @@ pub struct RunsOn {
     pub tile: String,
     /// Which library multiplies: `cubecl` or `cublas`.
     pub matmul: String,
+    /// CUDA kernels compiled with denormals flushed to zero (`--flush-denormals`).
+    pub flush_denormals: bool,
     /// The GPU's name, or the CPU's with its thread count.
     pub device: String,
 }

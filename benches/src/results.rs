@@ -22,6 +22,8 @@ pub struct Bar {
     pub peer: bool,
     /// The most tokens a pass took (tally's runs record it).
     pub pass_tokens: Option<u64>,
+    /// The tile attention kernels' tile and variant (tally's runs record it).
+    pub tile: Option<String>,
     /// What a warm request ran (tally's runs of two requests or more record it).
     pub warm_request: Option<WarmRequest>,
 }
@@ -90,7 +92,7 @@ impl Results {
             let value: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
             results.add(&value);
         }
-        results.name_runs_apart_by_their_passes();
+        results.name_runs_apart();
         results.load.sort_by(|a, b| a.items_per_second.total_cmp(&b.items_per_second));
         results.attention.sort_by(|a, b| a.ms.total_cmp(&b.ms));
         Ok(results)
@@ -111,13 +113,14 @@ impl Results {
                         other => format!(" {other}"),
                     };
                     let elementwise = if text("elementwise") == "kernels" { " ew-kernels" } else { "" };
-                    let label = format!("tally {} {} {}{matmul}{elementwise}", text("backend"), short_dtype(&text("dtype")), text("attention"));
+                    let label = format!("tally {} {} {}{matmul}{elementwise}{}", text("backend"), short_dtype(&text("dtype")), text("attention"), flushed(result));
                     let pass_tokens = result["max_batch_tokens"].as_u64();
+                    let tile = result["tile"].as_str().map(str::to_owned);
                     let warm_request = match (result["warm_prefill_tokens_per_request"].as_f64(), result["warm_item_passes_per_request"].as_f64()) {
                         (Some(prefill_tokens), Some(item_passes)) => Some(WarmRequest { prefill_tokens, item_passes }),
                         _ => None,
                     };
-                    self.bars.push(Bar { scenario: text("scenario"), label: label.trim_end().to_owned(), items_per_second: rate, peer: false, pass_tokens, warm_request });
+                    self.bars.push(Bar { scenario: text("scenario"), label: label.trim_end().to_owned(), items_per_second: rate, peer: false, pass_tokens, tile, warm_request });
                 }
             }
             Some("multi-item attention, one layer") => {
@@ -130,7 +133,7 @@ impl Results {
                     let tflops = result[format!("{key}_tflops")].as_f64();
                     let launched = result["launched"][route].as_str().unwrap_or(route);
                     let tile = if matches!(route, "tiled" | "flash") { format!(" {size}") } else { String::new() };
-                    let label = format!("{route} {}{tile}: {launched}", short_dtype(&text("dtype")));
+                    let label = format!("{route} {}{tile}{}: {launched}", short_dtype(&text("dtype")), flushed(result));
                     if !self.attention.iter().any(|bar| bar.label == label) {
                         self.attention.push(AttentionBar { label, ms, tflops });
                     }
@@ -146,7 +149,7 @@ impl Results {
                 for (peer, timing) in peers {
                     if let Some(rate) = timing["items_per_second"].as_f64() {
                         let label = format!("PyTorch {} {}", peer.replace('_', " "), short_dtype(&text("dtype")));
-                        self.bars.push(Bar { scenario: text("scenario"), label, items_per_second: rate, peer: true, pass_tokens: None, warm_request: None });
+                        self.bars.push(Bar { scenario: text("scenario"), label, items_per_second: rate, peer: true, pass_tokens: None, tile: None, warm_request: None });
                     }
                 }
             }
@@ -164,14 +167,23 @@ impl Results {
         }
     }
 
-    /// Runs alike but for their pass budget (the suite's S1 split into smaller passes beside
-    /// the one pass the device gives it) get their budget in their labels.
-    fn name_runs_apart_by_their_passes(&mut self) {
-        let labels: Vec<(String, String)> = self.bars.iter().map(|bar| (bar.scenario.clone(), bar.label.clone())).collect();
+    /// Runs alike but for their attention tile (the flash kernel's variants), then alike but for
+    /// their pass budget (the suite's S1 split into smaller passes beside the one pass the
+    /// device gives it), get what sets them apart in their labels.
+    fn name_runs_apart(&mut self) {
+        self.name_apart_by(|bar| bar.tile.clone());
+        self.name_apart_by(|bar| bar.pass_tokens.map(|tokens| format!("{tokens}-token passes")));
+    }
+
+    /// Bars of one scenario and label whose `detail`s differ get their detail appended.
+    fn name_apart_by(&mut self, detail: impl Fn(&Bar) -> Option<String>) {
+        let keys: Vec<(String, String, Option<String>)> = self.bars.iter().map(|bar| (bar.scenario.clone(), bar.label.clone(), detail(bar))).collect();
         for bar in &mut self.bars {
-            let alike = labels.iter().filter(|(scenario, label)| *scenario == bar.scenario && *label == bar.label).count();
-            if let (true, Some(tokens)) = (alike > 1, bar.pass_tokens) {
-                bar.label = format!("{}, {tokens}-token passes", bar.label);
+            let mut details = keys.iter().filter(|(scenario, label, _)| *scenario == bar.scenario && *label == bar.label).map(|(_, _, detail)| detail);
+            let first = details.next().cloned().flatten();
+            let differ = details.any(|other| *other != first);
+            if let (true, Some(detail)) = (differ, detail(bar)) {
+                bar.label = format!("{}, {detail}", bar.label);
             }
         }
     }
@@ -183,6 +195,11 @@ impl Results {
         names.dedup();
         names.into_iter().map(|name| (name, self.bars.iter().filter(|bar| bar.scenario == name).collect())).collect()
     }
+}
+
+/// " ftz" for a run whose CUDA kernels flushed denormals to zero.
+fn flushed(result: &Value) -> &'static str {
+    if result["flush_denormals"].as_bool() == Some(true) { " ftz" } else { "" }
 }
 
 pub fn short_dtype(dtype: &str) -> &str {
@@ -237,7 +254,7 @@ mod tests {
         assert_eq!(results.device.as_deref(), Some("H100"));
         let bar = |label: &str| results.bars.iter().find(|b| b.label == label).unwrap_or_else(|| panic!("no bar {label}: {:?}", results.bars)).clone();
         let warm_request = Some(WarmRequest { prefill_tokens: 20.0, item_passes: 1.0 });
-        assert_eq!(bar("tally cuda bf16 kernel"), Bar { scenario: "s1".into(), label: "tally cuda bf16 kernel".into(), items_per_second: 849.0, peer: false, pass_tokens: None, warm_request });
+        assert_eq!(bar("tally cuda bf16 kernel"), Bar { scenario: "s1".into(), label: "tally cuda bf16 kernel".into(), items_per_second: 849.0, peer: false, pass_tokens: None, tile: None, warm_request });
         // No warm request: the cold one stands in.
         assert_eq!(bar("tally cpu f32 cascade").items_per_second, 30.0);
         assert_eq!(bar("tally wgpu f32 kernel block").items_per_second, 40.0);
@@ -264,6 +281,26 @@ mod tests {
         let dir = test_folders::folder("passes", &[("one-pass.json", run(60_000, "flash", 9000.0)), ("split.json", run(8192, "flash", 7000.0)), ("kernel.json", run(60_000, "kernel", 900.0))]);
         let labels: Vec<String> = Results::read(&dir).unwrap().bars.into_iter().map(|bar| bar.label).collect();
         assert_eq!(labels, ["tally cuda bf16 kernel", "tally cuda bf16 flash, 60000-token passes", "tally cuda bf16 flash, 8192-token passes"]);
+    }
+
+    #[test]
+    fn the_flash_kernels_variants_are_named_apart_by_their_tiles() {
+        let run = |tile: &str, flushed: bool, rate: f64| json!({"benchmark": "scenario", "scenario": "s1", "backend": "cuda", "dtype": "bfloat16", "attention": "flash", "tile": tile, "flush_denormals": flushed, "max_batch_tokens": 32768, "warm_median": {"items_per_second": rate}});
+        let default = "128x64, 2 stages, ldmatrix";
+        let warp32 = "128x64, 2 stages, ldmatrix, cp-async, 32 rows a warp";
+        let dir = test_folders::folder("variants", &[
+            ("a-default.json", run(default, false, 3000.0)),
+            ("b-warp32.json", run(warp32, false, 4000.0)),
+            ("c-warp32-ftz.json", run(warp32, true, 4500.0)),
+            ("d-split.json", json!({"benchmark": "scenario", "scenario": "s1", "backend": "cuda", "dtype": "bfloat16", "attention": "flash", "tile": default, "max_batch_tokens": 8192, "warm_median": {"items_per_second": 2500.0}})),
+        ]);
+        let labels: Vec<String> = Results::read(&dir).unwrap().bars.into_iter().map(|bar| bar.label).collect();
+        assert_eq!(labels, [
+            format!("tally cuda bf16 flash, {default}, 32768-token passes"),
+            format!("tally cuda bf16 flash, {warp32}"),
+            "tally cuda bf16 flash ftz".to_owned(),
+            format!("tally cuda bf16 flash, {default}, 8192-token passes"),
+        ]);
     }
 
     #[test]

@@ -154,6 +154,7 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
         "matmul": runs_on.matmul,
         "elementwise": runs_on.elementwise,
         "tile": runs_on.tile,
+        "flush_denormals": runs_on.flush_denormals,
         "max_batch_tokens": scorer.max_pass_tokens(),
         "dtype": runs_on.dtype,
         "device": runs_on.device,

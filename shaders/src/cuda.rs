@@ -1,6 +1,6 @@
 //! What generic CubeCL code needs to know of CUDA (feature `cublas`): whether a runtime is
-//! CUDA, its tensors typed as CUDA's, the device's free memory, and CUDA's profiler switch for
-//! `ncu` (cudarc, CubeCL's own CUDA binding).
+//! CUDA, its tensors typed as CUDA's, the device's free memory, CUDA's profiler switch for
+//! `ncu` (cudarc, CubeCL's own CUDA binding), and how NVRTC treats denormals.
 
 use std::any::{Any, TypeId};
 
@@ -38,6 +38,16 @@ pub fn free_memory<R: CubeRuntime>(device: &R::Device) -> Option<u64> {
 /// `device` as a CUDA device, if it is one (a backend's device type, known only generically).
 pub fn as_cuda_device(device: &dyn Any) -> Option<&CudaDevice> {
     device.downcast_ref()
+}
+
+/// Compiles CubeCL's CUDA kernels with single-precision denormals flushed to zero (NVRTC
+/// `--ftz=true`, what FlashAttention builds with): each exponential of the attention kernels'
+/// softmax is one `ex2.approx.ftz` where it carried a three-instruction denormal fix-up (sm_90a,
+/// a full key step of the flash kernel: 628 → 526 instructions a warp with cp.async). A weight
+/// under 2⁻¹²⁶ becomes 0, which no score can tell. Takes effect for devices first used after
+/// the call, whose PTX is cached apart (patched `vendor/cubecl-cuda`).
+pub fn set_flush_denormals(flush: bool) {
+    burn_cubecl::cubecl::cuda::set_flush_denormals(flush);
 }
 
 /// Starts (`true`) or stops CUDA's profiler on `device`'s context: `ncu --profile-from-start off`

@@ -183,7 +183,10 @@ impl<R: CubeRuntime> AttentionTiles<R> {
     /// What a call at `head_dim` in `dtype` runs, for benchmarks and tests to report: `rows`,
     /// or `tiled`/`flash` with `registers`/`tensor cores`, on tensor cores how their fragments
     /// load (`ldmatrix`/`elements`), and the flash kernel's stages (`, cp-async` where it
-    /// copies so; `, 32 rows a warp` where its warps take two row blocks).
+    /// copies so; `, 32 rows a warp` where its warps take two row blocks). It assumes K/V that
+    /// start whole 32-bit words into their buffers, as every 16-bit K/V does that the tile
+    /// kernels take (tensor cores need `head_dim` a multiple of 16); a call whose K/V do not
+    /// runs the row kernel ([`staging_width`]).
     pub fn launched(&self, head_dim: usize, dtype: DType) -> String {
         let Some((tile_loop, math, shape)) = self.tile_kernel(&self.tiles.client, head_dim, dtype) else {
             return "rows".into();

@@ -32,6 +32,22 @@ use std::{ffi::CStr, os::raw::c_void};
 
 use cubecl_common::cache::CacheOption;
 
+/// Whether contexts created from now on compile with NVRTC's `--ftz=true` (tally's patch; see
+/// `vendor/README.md`).
+static FLUSH_DENORMALS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Compiles every kernel of CUDA contexts created after this call with single-precision
+/// denormals flushed to zero (NVRTC `--ftz=true`): `__expf` becomes one `ex2.approx.ftz`
+/// instead of carrying a denormal fix-up. Their PTX is cached apart from the default's.
+pub fn set_flush_denormals(flush: bool) {
+    FLUSH_DENORMALS.store(flush, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// What [`set_flush_denormals`] last set.
+pub fn flush_denormals() -> bool {
+    FLUSH_DENORMALS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 #[derive(Debug)]
 pub(crate) struct CudaContext {
     pub context: *mut CUctx_st,
@@ -41,6 +57,9 @@ pub(crate) struct CudaContext {
     pub arch: CudaArchitecture,
     pub compilation_options: CompilationOptions,
     pub properties: DeviceProperties,
+    /// [`flush_denormals`] when the context was made: one setting for all its kernels and its
+    /// PTX cache.
+    flush_denormals: bool,
 }
 
 #[derive(Debug)]
@@ -64,6 +83,7 @@ impl CudaContext {
         context: *mut CUctx_st,
         arch: CudaArchitecture,
     ) -> Self {
+        let flush_denormals = flush_denormals();
         Self {
             context,
             module_names: HashMap::new(),
@@ -74,7 +94,9 @@ impl CudaContext {
                     let root = cache.root();
                     Some(CompilationCache::new(
                         "ptx",
-                        CacheOption::default().name("cuda").root(root),
+                        CacheOption::default()
+                            .name(if flush_denormals { "cuda-ftz" } else { "cuda" })
+                            .root(root),
                     ))
                 } else {
                     None
@@ -84,6 +106,7 @@ impl CudaContext {
             timestamps: TimestampProfiler::default(),
             compilation_options,
             properties,
+            flush_denormals,
         }
     }
 
@@ -157,6 +180,9 @@ impl CudaContext {
         let mut options = vec![arch.as_str(), include_option.as_str(), "-lineinfo"];
         if cccl_include_path.exists() {
             options.push(&cccl_include_option);
+        }
+        if self.flush_denormals {
+            options.push("--ftz=true");
         }
 
         logger.log_compilation(&kernel_compiled);
