@@ -34,7 +34,7 @@ use burn_cubecl::cubecl::prelude::barrier::Barrier;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::tiled::{QueryPairs, LANES, NO_ROW, ROWS_PER_PLANE};
-use super::walk::{copy_share, load_share, read_tile, staged_row, store_share, tile_row, visible_keys, walk_step, Step, Tile};
+use super::walk::{copy_share, kv_rows, load_share, read_tile, staged_row, store_share, tile_row, visible_keys, walk_step, Step, Tile};
 use super::NO_SCORE;
 use crate::grid::cube_index;
 
@@ -208,13 +208,14 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     let mut staged_keys = SharedMemory::<F>::new_aligned(comptime![stages * buffer], 16usize);
     let mut staged_values = SharedMemory::<F>::new_aligned(comptime![stages * buffer], 16usize);
 
+    let kv = kv_rows::<W>(&tile, kv_head, keys, prefix_keys, head_dim);
     let prefix_steps = tile.prefix_len.div_ceil(step_keys);
     let steps = prefix_steps + (tile.end - tile.own_start).div_ceil(step_keys);
     if comptime![stages == 1] {
         // Stage a step, compute on it, and wait for every unit before restaging.
         for s in 0..steps {
             let step = walk_step(&tile, s, prefix_steps, step_keys);
-            let share = load_share::<N, W>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+            let share = load_share::<N, W>(&kv, &step, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
             store_share::<F, N, W>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
             sync_cube();
             flash_step::<F, T>(&tile, &step, &query, &staged_query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, 0usize, scale, head_dim, step_keys, rows, blocks);
@@ -228,13 +229,13 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
         // every copy is waited on before the cube ends.
         let barrier = Barrier::shared(comptime![units as u32], UNIT_POS == 0);
         let first = walk_step(&tile, 0, prefix_steps, step_keys);
-        copy_share::<F, N, W>(&tile, &first, kv_head, keys, values, prefix_keys, prefix_values, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
+        copy_share::<F, N, W>(&kv, &first, keys, values, prefix_keys, prefix_values, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
         barrier.commit_copy_async();
         for s in 0..steps {
             barrier.arrive_and_wait();
             if s + 1 < steps {
                 let next = walk_step(&tile, s + 1, prefix_steps, step_keys);
-                copy_share::<F, N, W>(&tile, &next, kv_head, keys, values, prefix_keys, prefix_values, &mut staged_keys, &mut staged_values, ((s + 1) % 2) * buffer, step_keys, head_dim, units);
+                copy_share::<F, N, W>(&kv, &next, keys, values, prefix_keys, prefix_values, &mut staged_keys, &mut staged_values, ((s + 1) % 2) * buffer, step_keys, head_dim, units);
                 barrier.commit_copy_async();
             }
             flash_step::<F, T>(&tile, &walk_step(&tile, s, prefix_steps, step_keys), &query, &staged_query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows, blocks);
@@ -244,12 +245,12 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
         // memory into registers, then staged in the other; one barrier a step. The read past
         // the walk's end has no keys.
         let first = walk_step(&tile, 0, prefix_steps, step_keys);
-        let share = load_share::<N, W>(&tile, &first, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+        let share = load_share::<N, W>(&kv, &first, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
         store_share::<F, N, W>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
         sync_cube();
         for s in 0..steps {
             let step = walk_step(&tile, s, prefix_steps, step_keys);
-            let ahead = load_share::<N, W>(&tile, &walk_step(&tile, s + 1, prefix_steps, step_keys), kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+            let ahead = load_share::<N, W>(&kv, &walk_step(&tile, s + 1, prefix_steps, step_keys), keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
             flash_step::<F, T>(&tile, &step, &query, &staged_query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows, blocks);
             store_share::<F, N, W>(&ahead, &mut staged_keys, &mut staged_values, ((s + 1) % 2) * buffer, step_keys, head_dim, units);
             sync_cube();

@@ -18,7 +18,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::walk::{load_share, read_tile, staged_row, store_share, tile_row, visible_keys, walk_step};
+use super::walk::{kv_rows, load_share, read_tile, staged_row, store_share, tile_row, visible_keys, walk_step};
 use super::NO_SCORE;
 use crate::grid::cube_index;
 
@@ -128,13 +128,14 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath, N: Size, W: Size>(
     let mut tile_values = SharedMemory::<F>::new_aligned(comptime![step_keys * staged_row(head_dim)], 16usize);
     let mut scores = SharedMemory::<f32>::new(comptime![rows * step_keys]);
 
+    let kv = kv_rows::<W>(&tile, kv_head, keys, prefix_keys, head_dim);
     let prefix_steps = tile.prefix_len.div_ceil(step_keys);
     let own_steps = (tile.end - tile.own_start).div_ceil(step_keys);
     for step in 0..prefix_steps + own_steps {
         let step = walk_step(&tile, step, prefix_steps, step_keys);
 
         // 1. Stage the step's keys and values.
-        let share = load_share::<N, W>(&tile, &step, kv_head, keys, values, prefix_keys, prefix_values, step_keys, head_dim, comptime![units_per_cube_of(rows)]);
+        let share = load_share::<N, W>(&kv, &step, keys, values, prefix_keys, prefix_values, step_keys, head_dim, comptime![units_per_cube_of(rows)]);
         store_share::<F, N, W>(&share, &mut tile_keys, &mut tile_values, 0usize, step_keys, head_dim, comptime![units_per_cube_of(rows)]);
         sync_cube();
 

@@ -126,9 +126,8 @@ const fn vectors_per_unit(step_keys: usize, head_dim: usize, width: usize, units
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn load_share<N: Size, W: Size>(
-    tile: &Tile,
+    kv: &KvRows,
     step: &Step,
-    kv_head: usize,
     keys: &Tensor<Vector<u32, W>>,
     values: &Tensor<Vector<u32, W>>,
     prefix_keys: &Tensor<Vector<u32, W>>,
@@ -138,8 +137,6 @@ pub(super) fn load_share<N: Size, W: Size>(
     #[comptime] units: usize,
 ) -> StepShare<W> {
     let width = N::value();
-    let kv_heads = keys.shape(1);
-    let prefix_tokens = prefix_keys.shape(1);
     let count = comptime![vectors_per_unit(step_keys, head_dim, width, units)];
     let mut share_keys = Array::<Vector<u32, W>>::new(count);
     let mut share_values = Array::<Vector<u32, W>>::new(count);
@@ -153,11 +150,11 @@ pub(super) fn load_share<N: Size, W: Size>(
         // `key < step.count` also keeps `index` inside the step.
         if key < step.count {
             if step.in_prefix {
-                let source = prefix_element(tile, step, kv_head, prefix_tokens, key, e, head_dim) / width;
+                let source = prefix_element(kv, step, key, e, head_dim) / width;
                 k = prefix_keys[source];
                 v = prefix_values[source];
             } else {
-                let source = own_element(tile, step, kv_head, kv_heads, key, e, head_dim) / width;
+                let source = own_element(kv, step, key, e) / width;
                 k = keys[source];
                 v = values[source];
             }
@@ -168,18 +165,40 @@ pub(super) fn load_share<N: Size, W: Size>(
     StepShare::<W> { keys: share_keys, values: share_values }
 }
 
-/// The element where key `key` of a prefix `step` starts its dimension `e` in the prefix K/V
-/// (`[kv_heads, prefix_tokens, head_dim]`).
-#[cube]
-fn prefix_element(tile: &Tile, step: &Step, kv_head: usize, prefix_tokens: usize, key: usize, e: usize, #[comptime] head_dim: usize) -> usize {
-    (kv_head * prefix_tokens + tile.prefix_start + step.first + key) * head_dim + e
+/// Where a cube's keys and values start, worked out once before its walk (in the step loop,
+/// each tensor shape it took was a read of CubeCL's metadata from global memory, every step,
+/// ahead of the next step's copies): the element of its KV head's first prefix key in the
+/// prefix K/V (`[kv_heads, prefix_tokens, head_dim]`), of its first own key in the items' K/V
+/// (`[tokens, kv_heads, head_dim]`), and the elements from one own key to the next.
+#[derive(CubeType)]
+pub(super) struct KvRows {
+    prefix: usize,
+    own: usize,
+    own_stride: usize,
 }
 
-/// The element where key `key` of an own `step` starts its dimension `e` in the items' K/V
-/// (`[tokens, kv_heads, head_dim]`).
+/// [`KvRows`] of `tile` at `kv_head`.
 #[cube]
-fn own_element(tile: &Tile, step: &Step, kv_head: usize, kv_heads: usize, key: usize, e: usize, #[comptime] head_dim: usize) -> usize {
-    ((tile.own_start + step.first + key) * kv_heads + kv_head) * head_dim + e
+pub(super) fn kv_rows<W: Size>(tile: &Tile, kv_head: usize, keys: &Tensor<Vector<u32, W>>, prefix_keys: &Tensor<Vector<u32, W>>, #[comptime] head_dim: usize) -> KvRows {
+    let kv_heads = keys.shape(1);
+    let prefix_tokens = prefix_keys.shape(1);
+    KvRows {
+        prefix: (kv_head * prefix_tokens + tile.prefix_start) * head_dim,
+        own: (tile.own_start * kv_heads + kv_head) * head_dim,
+        own_stride: kv_heads * head_dim,
+    }
+}
+
+/// The element where key `key` of a prefix `step` starts its dimension `e` in the prefix K/V.
+#[cube]
+fn prefix_element(kv: &KvRows, step: &Step, key: usize, e: usize, #[comptime] head_dim: usize) -> usize {
+    kv.prefix + (step.first + key) * head_dim + e
+}
+
+/// The element where key `key` of an own `step` starts its dimension `e` in the items' K/V.
+#[cube]
+fn own_element(kv: &KvRows, step: &Step, key: usize, e: usize) -> usize {
+    kv.own + (step.first + key) * kv.own_stride + e
 }
 
 /// Writes this unit's `share` of a step into the staged tiles (`[keys, head_dim]`, rows
@@ -220,9 +239,8 @@ pub(super) fn store_share<F: Float, N: Size, W: Size>(
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn copy_share<F: Float, N: Size, W: Size>(
-    tile: &Tile,
+    kv: &KvRows,
     step: &Step,
-    kv_head: usize,
     keys: &Tensor<Vector<u32, W>>,
     values: &Tensor<Vector<u32, W>>,
     prefix_keys: &Tensor<Vector<u32, W>>,
@@ -235,8 +253,6 @@ pub(super) fn copy_share<F: Float, N: Size, W: Size>(
     #[comptime] units: usize,
 ) {
     let width = N::value();
-    let kv_heads = keys.shape(1);
-    let prefix_tokens = prefix_keys.shape(1);
     #[unroll]
     for i in 0..comptime![vectors_per_unit(step_keys, head_dim, width, units)] {
         let index = UNIT_POS_X as usize + i * units;
@@ -251,13 +267,13 @@ pub(super) fn copy_share<F: Float, N: Size, W: Size>(
             // each side's offset stays in its own units (words vectors in global memory,
             // elements in shared memory), and a copy moves `width` elements: `W` words.
             if step.in_prefix {
-                let source = select(present, prefix_element(tile, step, kv_head, prefix_tokens, key, e, head_dim) / width, 0usize);
+                let source = select(present, prefix_element(kv, step, key, e, head_dim) / width, 0usize);
                 unsafe {
                     copy_async_checked(&prefix_keys.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
                     copy_async_checked(&prefix_values.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
                 }
             } else {
-                let source = select(present, own_element(tile, step, kv_head, kv_heads, key, e, head_dim) / width, 0usize);
+                let source = select(present, own_element(kv, step, key, e) / width, 0usize);
                 unsafe {
                     copy_async_checked(&keys.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
                     copy_async_checked(&values.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
