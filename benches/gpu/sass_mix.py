@@ -6,7 +6,7 @@ generated in DIR (`<i>.cu`, `<i>.ptx`, `<i>.cubin`, and `index.tsv`: index, kern
 generated it). This script disassembles the cubins whose generator line holds `--match`
 (with `nvdisasm`, from PyPI's `nvidia-cuda-nvdisasm`) and, for each loop (a backward branch),
 prints how many instructions its body holds by opcode, and the shortest and longest paths
-through one iteration (the body's blocks as a graph): for the flash kernel the key step, where
+through one iteration (the body's blocks as a graph), with the shortest path's own mix: for the flash kernel the key step, where
 the shortest path is a full prefix step with no reads left to issue and the longest an item step
 with masks. Per warp, per iteration: a static count, not a measurement — what it shows is where
 instructions go beside the tensor-core ones (`HMMA`), and that is what changed when it falls.
@@ -57,7 +57,8 @@ def is_unconditional(text):
 
 def paths(body, labels):
     """Shortest and longest instruction counts from the body's first instruction to its last
-    (the backward branch), over the blocks of the body (a DAG once the back edge is dropped)."""
+    (the backward branch), over the blocks of the body (a DAG once the back edge is dropped),
+    and the instructions of the shortest path."""
     start, end = body[0][0], body[-1][0]
     position = {address: i for i, (address, _) in enumerate(body)}
     leaders = {0}
@@ -91,15 +92,22 @@ def paths(body, labels):
         successors.append(next_blocks)
     shortest = [None] * len(blocks)
     longest = [None] * len(blocks)
+    shortest_next = [None] * len(blocks)
     for k in reversed(range(len(blocks))):
         size = blocks[k][1] - blocks[k][0]
-        onward = [(shortest[n], longest[n]) for n in successors[k] if shortest[n] is not None]
+        onward = [n for n in successors[k] if shortest[n] is not None]
         if k == len(blocks) - 1:
             shortest[k] = longest[k] = size
         elif onward:
-            shortest[k] = size + min(s for s, _ in onward)
-            longest[k] = size + max(l for _, l in onward)
-    return shortest[0], longest[0]
+            shortest_next[k] = min(onward, key=lambda n: shortest[n])
+            shortest[k] = size + shortest[shortest_next[k]]
+            longest[k] = size + max(longest[n] for n in onward)
+    path, k = [], 0
+    while k is not None:
+        first, stop = blocks[k]
+        path.extend(text for _, text in body[first:stop])
+        k = shortest_next[k]
+    return shortest[0], longest[0], path
 
 
 def loops(instructions, labels):
@@ -120,9 +128,10 @@ def report(name, sass):
         if len(body) < 8:
             continue
         mix = collections.Counter(opcode(text) for _, text in body)
-        shortest, longest = paths(body, labels)
+        shortest, longest, path = paths(body, labels)
         print(f"loop {body[0][0]:#x}..{body[-1][0]:#x}: {len(body)} instructions in its body; one iteration runs {shortest}–{longest}")
-        print("   " + ", ".join(f"{op} {n}" for op, n in mix.most_common(24)))
+        print("   body:          " + ", ".join(f"{op} {n}" for op, n in mix.most_common(24)))
+        print("   shortest path: " + ", ".join(f"{op} {n}" for op, n in collections.Counter(opcode(text) for text in path).most_common(24)))
 
 
 def main():
