@@ -13,7 +13,8 @@
 # executables (kernels kernels_f16 models_on_gpu). TALLY_SUITE_TILE_FLAGS adds flags to every command that
 # runs the tile kernels (e.g. "--fragment-loads elements" should ldmatrix fail on a machine).
 # TALLY_SUITE_FLASH_VARIANTS the flash kernel's variants timed beside its default (see below).
-# TALLY_SUITE_NCU_LAUNCHES (80) and TALLY_SUITE_NCU_SECONDS (300) bound the ncu stage;
+# TALLY_SUITE_NCU_LAUNCHES (80) and TALLY_SUITE_NCU_SECONDS (300) bound the ncu stage,
+# TALLY_SUITE_NCU_VARIANT profiles one flash variant there instead of the defaults;
 # TALLY_SUITE_FIXTURE_DTYPES overrides TALLY_SUITE_DTYPES for the fixtures stage;
 # TALLY_SUITE_SCENARIO_EXTRAS narrows the scenario stage's comparisons (see there).
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
@@ -218,9 +219,18 @@ ncu_launches=${TALLY_SUITE_NCU_LAUNCHES:-80}
 ncu_stage() {
     make_model || return 1
     local dtype=${gpu_dtypes##* } attention=${attentions%% *} matmul=${matmuls%% *}
-    local name=ncu-s1-$gpu-$dtype-$attention-$matmul
+    local name=ncu-s1-$gpu-$dtype-$attention-$matmul variant_args=()
+    # TALLY_SUITE_NCU_VARIANT: one of TALLY_SUITE_FLASH_VARIANTS profiled in place of the
+    # defaults (a second call can profile the first call's fastest).
+    if [ -n "${TALLY_SUITE_NCU_VARIANT:-}" ]; then
+        for variant in $flash_variants; do
+            [ "${variant%%=*}" = "$TALLY_SUITE_NCU_VARIANT" ] && read -r -a variant_args <<<"$(variant_flags $variant)"
+        done
+        [ ${#variant_args[@]} -gt 0 ] || { echo "ncu: no flash variant named $TALLY_SUITE_NCU_VARIANT"; return 1; }
+        name=$name-$TALLY_SUITE_NCU_VARIANT
+    fi
     local scenario=("$cuda" bench scenario --model $model --scenario s1 --items $items --requests 1 --backend $gpu --dtype $dtype
-        --attention $attention $(matmul_flags $matmul) "${tile_flags[@]}" --cuda-profiler-range)
+        --attention $attention $(matmul_flags $matmul) "${tile_flags[@]}" "${variant_args[@]}" --cuda-profiler-range)
     if [ "$dry" = 1 ]; then
         # The rehearsal has no ncu and no CUDA: the scenario must refuse the range clearly.
         echo "ncu: not in the rehearsal; checking that a run without CUDA refuses --cuda-profiler-range"
