@@ -29,4 +29,7 @@ if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
     apt-get $apt_amd64 update -q
     (cd .gl && apt-get $apt_amd64 download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 fi
+# The commit the binaries were built from (`-dirty`: with uncommitted changes), which the
+# suite's env stage prints: a later session can see whether .gpu/ is current.
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo -dirty)" >.gpu/built-at
 ls -la .gpu .gl

@@ -92,6 +92,7 @@ env_stage() {
     echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
     python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())' 2>/dev/null || true
     "$cuda" --version
+    echo "binaries built at $(cat .gpu/built-at 2>/dev/null || echo 'an unknown commit (not by prepare.sh)')"
 }
 
 fixtures_stage() {
