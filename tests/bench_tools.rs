@@ -72,7 +72,7 @@ fn the_scenario_refuses_a_cuda_profiler_range_off_cuda() {
 
 /// `benches/gpu/ncu_table.py` on a details page as ncu writes it (its own messages first,
 /// thousands separators, durations in two units, `n/a`, a tensor-pipe metric on one kernel and
-/// a DRAM rate on the other):
+/// a DRAM rate on the other, stall reasons on one):
 /// launches grouped by kernel, sorted by time, throughputs averaged weighted by duration.
 #[test]
 fn the_ncu_table_groups_launches_by_kernel_and_weights_by_duration() {
@@ -93,9 +93,17 @@ fn the_ncu_table_groups_launches_by_kernel_and_weights_by_duration() {
         row(1, gemm, "Duration", "usecond", "150.5"),
         row(1, gemm, "Compute (SM) Throughput", "%", "n/a"),
         row(1, gemm, "dram__bytes.sum.per_second", "byte/second", "2,512,000,000,000"),
+        row(0, flash, "Warp Cycles Per Issued Instruction", "cycle", "20"),
+        row(0, flash, "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio", "", "2"),
+        row(0, flash, "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio", "", "9"),
+        row(0, flash, "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio", "", "3"),
+        row(0, flash, "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio", "", "1"),
         row(2, flash, "Duration", "nsecond", "588,000"),
         row(2, flash, "Compute (SM) Throughput", "%", "20.5"),
         row(2, flash, "Memory Throughput", "%", "30"),
+        row(2, flash, "Warp Cycles Per Issued Instruction", "cycle", "10"),
+        row(2, flash, "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio", "", "6"),
+        row(2, flash, "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio", "", "1"),
     ];
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("details.csv");
@@ -110,6 +118,9 @@ fn the_ncu_table_groups_launches_by_kernel_and_weights_by_duration() {
     // both under 60 %, so latency-bound; its tensor pipe 55 %; 168 registers.
     assert!(rows[0].starts_with(&format!("| 1 | `{flash}` | 2 | 1.200 | 88.9 % | 600.0 | 46.0 | 35.1 | — | — | — | 55.0 | latency |")), "{table}");
     assert!(rows[0].contains("| 168 | (128, 1, 1) | (313, 8, 1) |"), "{table}");
+    // Its stalls, weighted by duration: cycles per issue (20·612 + 10·588) / 1200 = 15.1;
+    // barrier (9·612 + 1·588) / 1200 = 5.1, long scoreboard 4.0, math pipe 3 (its one launch).
+    assert!(rows[0].ends_with("| 15.1 | barrier 5.1, long_scoreboard 4.0, math_pipe_throttle 3.0 |"), "{table}");
     // The GEMM: no throughput but its DRAM rate, 2.512e12 bytes/s.
     assert!(rows[1].starts_with(&format!("| 2 | `{gemm}` | 1 | 0.150 | 11.1 % | 150.5 | — | — | — | — | 2512 | — | — |")), "{table}");
 

@@ -6,7 +6,9 @@ Reads the details page of an `ncu` report as CSV (`ncu --import R.ncu-rep --csv 
 name and sorted by their summed duration; each kernel gets its launches, time, share, the
 speed-of-light throughputs (SM, memory, DRAM, L2; averaged over its launches, weighted by
 duration), its DRAM traffic in GB/s and the tensor pipes' busy share where the report has those
-metrics, its occupancy and its launch shape. `bound` reads the speed of light: the larger of SM and memory throughput, and
+metrics, its occupancy and its launch shape, and where the report has the stall metrics
+(`smsp__average_warps_issue_stalled_*_per_issue_active.ratio`) the cycles a warp waits between
+two issued instructions and the three reasons that take most of them. `bound` reads the speed of light: the larger of SM and memory throughput, and
 `latency` where both stay under 60 %.
 
     ncu_table.py DETAILS_CSV [--top 20] [--title T] [--out ncu.md]
@@ -22,6 +24,8 @@ THROUGHPUTS = [("SM %", "Compute (SM) Throughput"), ("memory %", "Memory Through
                ("L2 %", "L2 Cache Throughput")]
 TENSOR_PREFIX = "sm__pipe_tensor_op_"
 DRAM_RATE = "dram__bytes.sum.per_second"
+STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+CYCLES_PER_ISSUE = "Warp Cycles Per Issued Instruction"
 # Rates ncu prints (bytes per second in base units; scaled ones otherwise), in GB/s.
 RATE_GBPS = {"byte/second": 1e-9, "byte/s": 1e-9, "Kbyte/second": 1e-6, "Mbyte/second": 1e-3, "Gbyte/second": 1.0,
              "Tbyte/second": 1e3, "B/s": 1e-9, "KB/s": 1e-6, "MB/s": 1e-3, "GB/s": 1.0, "TB/s": 1e3}
@@ -75,6 +79,23 @@ def tensor_busy(launch):
     return max(values) if values else None
 
 
+def stalls(launch):
+    """{reason: cycles a warp spends stalled for it per issued instruction}, where measured."""
+    found = {}
+    for name, (_, value) in launch["metrics"].items():
+        if name.startswith(STALL_PREFIX) and name.endswith(STALL_SUFFIX) and number(value) is not None:
+            found[name[len(STALL_PREFIX):-len(STALL_SUFFIX)]] = number(value)
+    return found
+
+
+def top_stalls(group, count=3):
+    """A kernel's `count` largest stall reasons, each weighted by its launches' durations."""
+    reasons = sorted({reason for launch in group for reason in stalls(launch)})
+    means = [(reason, weighted((stalls(launch).get(reason), duration_ms(launch)) for launch in group)) for reason in reasons]
+    means = sorted(((reason, value) for reason, value in means if value is not None), key=lambda rv: -rv[1])
+    return ", ".join(f"{reason} {value:.1f}" for reason, value in means[:count]) or "—"
+
+
 def weighted(pairs):
     pairs = [(value, weight) for value, weight in pairs if value is not None]
     total = sum(weight for _, weight in pairs)
@@ -92,12 +113,14 @@ def table(rows, top, title):
     total = sum(duration_ms(launch) for launch in timed)
     has_tensor = any(tensor_busy(launch) is not None for launch in timed)
     has_dram_rate = any(dram_gbps(launch) is not None for launch in timed)
+    has_stalls = any(stalls(launch) for launch in timed)
     out += [f"{len(timed)} profiled launches of {len(kernels)} kernels, {total:.2f} ms in all (as ncu times them: caches "
             "flushed before each launch, clocks left alone).", ""]
     header = ["#", "kernel", "launches", "ms", "share", "mean µs"] + [label for label, _ in THROUGHPUTS]
     header += ["DRAM GB/s"] if has_dram_rate else []
     header += ["tensor %"] if has_tensor else []
     header += ["bound", "occupancy % (achieved / theoretical)", "registers", "block", "grid", "dynamic shared B"]
+    header += ["cycles per issue", "stalled for (cycles per issue, top 3)"] if has_stalls else []
     out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     ordered = sorted(kernels.items(), key=lambda kv: -sum(duration_ms(launch) for launch in kv[1]))
     fmt = lambda value, digits=1: "—" if value is None else f"{value:.{digits}f}"
@@ -119,6 +142,7 @@ def table(rows, top, title):
         cells += [fmt(weighted((tensor_busy(launch), duration_ms(launch)) for launch in group))] if has_tensor else []
         cells += [bound, occupancy, fmt(metric(first, "Registers Per Thread"), 0), first["block"], first["grid"],
                   fmt(metric(first, "Dynamic Shared Memory Per Block"), 0)]
+        cells += [fmt(mean(CYCLES_PER_ISSUE)), top_stalls(group)] if has_stalls else []
         out.append("| " + " | ".join(cells) + " |")
     return out
 

@@ -246,7 +246,10 @@ ncu_stage() {
     # would fail the whole run.
     local known metrics
     known=$("$ncu" --query-metrics 2>/dev/null)
+    # The stall reasons as cycles per issued instruction (what WarpStateStats charts), one
+    # metric each, so the table can name where the warps wait.
     metrics=$( { grep -oE '^sm__pipe_tensor_op_[a-z0-9]+_cycles_active' <<<"$known" | sort -u | sed 's/$/.avg.pct_of_peak_sustained_active/'
+        grep -oE '^smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active' <<<"$known" | sort -u | sed 's/$/.ratio/'
         grep -qE '^dram__bytes[[:space:]]' <<<"$known" && echo dram__bytes.sum.per_second; } | paste -sd, -)
     timeout ${TALLY_SUITE_NCU_SECONDS:-300} "$ncu" --profile-from-start off --clock-control none --launch-count $ncu_launches \
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
