@@ -262,7 +262,7 @@ ncu_stage() {
     # The attention kernels' details as ncu prints them, its rules' findings included (where the
     # warps stall, and why, from WarpStateStats and SchedulerStats).
     "$ncu" --import $bin/$name.ncu-rep --page details --kernel-name regex:attention >"$out/$name-attention.txt" || true
-    python3 benches/gpu/ncu_table.py "$out/$name.csv" --title "ncu: S1 item pass, first $ncu_launches launches, $gpu $dtype, $attention attention, $matmul matmuls" \
+    python3 benches/gpu/ncu_table.py "$out/$name.csv" --title "ncu: S1 item pass, first $ncu_launches launches, $gpu $dtype, $attention attention${TALLY_SUITE_NCU_VARIANT:+ ($TALLY_SUITE_NCU_VARIANT)}, $matmul matmuls" \
         --out "$out/$name.md" && return $status
 }
 

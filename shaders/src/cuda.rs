@@ -43,7 +43,7 @@ pub fn as_cuda_device(device: &dyn Any) -> Option<&CudaDevice> {
 /// Compiles CubeCL's CUDA kernels with single-precision denormals flushed to zero (NVRTC
 /// `--ftz=true`, what FlashAttention builds with): each exponential of the attention kernels'
 /// softmax is one `ex2.approx.ftz` where it carried a three-instruction denormal fix-up (sm_90a,
-/// a full key step of the flash kernel: 628 → 526 instructions a warp with cp.async). A weight
+/// a full key step of the flash kernel: 628 → 525 instructions a warp with cp.async). A weight
 /// under 2⁻¹²⁶ becomes 0, which no score can tell. Takes effect for devices first used after
 /// the call, whose PTX is cached apart (patched `vendor/cubecl-cuda`).
 pub fn set_flush_denormals(flush: bool) {

@@ -6,7 +6,7 @@ mod compute;
 mod device;
 mod runtime;
 
-pub use compute::context::{flush_denormals, set_flush_denormals};
+pub use compute::context::set_flush_denormals;
 pub use device::*;
 pub use runtime::*;
 

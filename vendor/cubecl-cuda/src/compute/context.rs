@@ -44,7 +44,7 @@ pub fn set_flush_denormals(flush: bool) {
 }
 
 /// What [`set_flush_denormals`] last set.
-pub fn flush_denormals() -> bool {
+fn flush_denormals() -> bool {
     FLUSH_DENORMALS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
