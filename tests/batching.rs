@@ -65,15 +65,19 @@ fn prefix_cache_hits_equal_fresh_prefills() {
     assert_eq!((stats.prefix_cache_misses.load(Relaxed), stats.prefix_cache_hits.load(Relaxed)), (1, 1));
 
     // Same first 1,590 tokens ("system prompt"), another suffix: all 1,590 are reused, to the
-    // token, and only the suffix is prefilled. It runs in a pass of its own 5 tokens where a
-    // fresh prefill runs it inside the chunk from 1,536, so the two agree to float rounding.
+    // token, and only the suffix is prefilled. It runs as 5 rows of the item pass where a fresh
+    // prefill runs it inside the chunk from 1,536, so the two agree to float rounding.
     let mut other = input.clone();
     other.query.truncate(1590);
     other.query.extend([3, 1, 4, 1, 5]);
     let prefilled = stats.prefill_tokens.load(Relaxed);
+    let passes = || (stats.prefill_passes.load(Relaxed), stats.pass_items.count());
+    let passes_before = passes();
     let partial = scored(&mut cached, &[&other]).remove(0);
     assert_eq!(partial.prefix_cache, PrefixCacheUse::Partial);
     assert_eq!((stats.prefix_cache_partial_hits.load(Relaxed), stats.prefill_tokens.load(Relaxed) - prefilled), (1, 5));
+    // The suffix runs in the item pass: the request is one forward pass.
+    assert_eq!((passes().0 - passes_before.0, passes().1 - passes_before.1), (0, 1), "(prefill passes, item passes) of a request cached but for its suffix");
     let fresh = scored(&mut scorer(0), &[&other]).remove(0);
     assert_eq!(fresh.prefix_cache, PrefixCacheUse::Miss, "no cache: a miss");
     assert_close(&partial.scores, &fresh.scores, 1e-5, "resumed at 1,590 tokens against a fresh prefill");
@@ -142,6 +146,45 @@ fn a_warmed_up_scorer_counts_nothing_and_answers_as_before() {
     let warmup_request = &warmup[0].batches[0][0];
     scorer.score_batch(&[warmup_request]).unwrap();
     assert_eq!(stats.prefix_cache_hits.load(Relaxed), 0, "the prefix cache starts empty after the warm-up");
+}
+
+/// A query's last chunk runs in the batch's first item pass, not in a pass of its own, where the
+/// pass has room for it (half the budget); later passes read the query whole. Where it has no
+/// room, the query is prefilled whole first, as before. Both agree with float64.
+#[test]
+fn a_querys_last_chunk_runs_in_the_first_item_pass_where_it_fits() {
+    let with_budget = |max_tokens: usize| {
+        let options = ScorerOptions { pass_budget: tally_core::PassBudget { max_tokens, ..Default::default() }, prefix_cache_bytes: 64 << 20, ..ScorerOptions::default() };
+        Scorer::<Cpu>::load(&fixtures().join("models/tied-gqa"), &Default::default(), options).unwrap()
+    };
+    let passes = |scorer: &Scorer<Cpu>| (scorer.stats().prefill_passes.load(Relaxed), scorer.stats().pass_items.count());
+
+    // A one-token query and items over several passes of 8 tokens: the query is its own tail,
+    // run in the first of them; the rest read it from the batch.
+    let (request, expected) = case("tied_one_token_query_many_items");
+    let mut small = with_budget(8);
+    let input = small.preparer().prepare(&request).unwrap();
+    assert_eq!(input.query.len(), 1);
+    let scores = scored(&mut small, &[&input]).remove(0);
+    assert_close(&scores.scores, &expected, 1e-3, "the query's tail in the first of several passes, against float64");
+    let (prefill_passes, item_passes) = passes(&small);
+    assert_eq!(prefill_passes, 0, "no pass for the query alone");
+    assert!(item_passes > 1, "the items took {item_passes} pass(es): the test needs several");
+    // The query was cached once its tail ran: the same request again is a hit.
+    assert_eq!(scored(&mut small, &[&input]).remove(0).prefix_cache, PrefixCacheUse::Hit);
+
+    // 1,536 tokens of whole chunks, prefilled in three passes, and a last chunk of the rest:
+    // in the item pass under the default budget, prefilled too where half of 64 tokens is less.
+    let (request, expected) = case("tied_long_query");
+    for (max_tokens, tail_in_item_pass) in [(8192, true), (64, false)] {
+        let mut scorer = with_budget(max_tokens);
+        let input = scorer.preparer().prepare(&request).unwrap();
+        let last_chunk = input.query.len() - 1536;
+        assert_eq!(last_chunk <= max_tokens / 2, tail_in_item_pass, "a last chunk of {last_chunk} tokens");
+        assert_close(&scored(&mut scorer, &[&input]).remove(0).scores, &expected, 1e-3, &format!("a pass budget of {max_tokens} tokens, against float64"));
+        assert_eq!(passes(&scorer).0, if tail_in_item_pass { 3 } else { 4 }, "prefill passes under a budget of {max_tokens}");
+        assert_eq!(scorer.stats().prefill_tokens.load(Relaxed) as usize, input.query.len());
+    }
 }
 
 /// A request nobody waits for any more is dropped between passes; the others keep their answers.

@@ -33,6 +33,8 @@ pub struct Bar {
 pub struct WarmRequest {
     /// Query tokens prefilled (what the prefix cache did not hold).
     pub prefill_tokens: f64,
+    /// Passes for the query alone (absent from results older than the query tails).
+    pub prefill_passes: Option<f64>,
     pub item_passes: f64,
 }
 
@@ -117,7 +119,7 @@ impl Results {
                     let pass_tokens = result["max_batch_tokens"].as_u64();
                     let tile = result["tile"].as_str().map(str::to_owned);
                     let warm_request = match (result["warm_prefill_tokens_per_request"].as_f64(), result["warm_item_passes_per_request"].as_f64()) {
-                        (Some(prefill_tokens), Some(item_passes)) => Some(WarmRequest { prefill_tokens, item_passes }),
+                        (Some(prefill_tokens), Some(item_passes)) => Some(WarmRequest { prefill_tokens, prefill_passes: result["warm_prefill_passes_per_request"].as_f64(), item_passes }),
                         _ => None,
                     };
                     self.bars.push(Bar { scenario: text("scenario"), label: label.trim_end().to_owned(), items_per_second: rate, peer: false, pass_tokens, tile, warm_request });
@@ -230,7 +232,7 @@ pub(crate) mod test_folders {
 
     pub fn suite_like(test: &str) -> PathBuf {
         folder(test, &[
-            ("scenario-s1.json", json!({"benchmark": "scenario", "scenario": "s1", "backend": "cuda", "dtype": "bfloat16", "attention": "kernel", "device": "H100", "cold": {"items_per_second": 2.0}, "warm_median": {"items_per_second": 849.0}, "warm_prefill_tokens_per_request": 20.0, "warm_item_passes_per_request": 1.0})),
+            ("scenario-s1.json", json!({"benchmark": "scenario", "scenario": "s1", "backend": "cuda", "dtype": "bfloat16", "attention": "kernel", "device": "H100", "cold": {"items_per_second": 2.0}, "warm_median": {"items_per_second": 849.0}, "warm_prefill_tokens_per_request": 20.0, "warm_prefill_passes_per_request": 0.0, "warm_item_passes_per_request": 1.0})),
             ("scenario-s2-cold.json", json!({"benchmark": "scenario", "scenario": "s2", "backend": "cpu", "dtype": "float32", "attention": "cascade", "matmul": "cubecl", "cold": {"items_per_second": 30.0}, "warm_median": null})),
             ("scenario-s2-block.json", json!({"benchmark": "scenario", "scenario": "s2", "backend": "wgpu", "dtype": "float32", "attention": "kernel", "matmul": "block", "warm_median": {"items_per_second": 40.0}})),
             ("peers-s1.json", json!({"benchmark": "PyTorch peers (HF transformers, SDPA)", "scenario": "s1", "dtype": "bfloat16", "peers": {"packed_mask": {"items_per_second": 2410.0}, "padded": {"items_per_second": 82.0}}})),
@@ -253,7 +255,7 @@ mod tests {
         let results = Results::read(&test_folders::suite_like("read")).unwrap();
         assert_eq!(results.device.as_deref(), Some("H100"));
         let bar = |label: &str| results.bars.iter().find(|b| b.label == label).unwrap_or_else(|| panic!("no bar {label}: {:?}", results.bars)).clone();
-        let warm_request = Some(WarmRequest { prefill_tokens: 20.0, item_passes: 1.0 });
+        let warm_request = Some(WarmRequest { prefill_tokens: 20.0, prefill_passes: Some(0.0), item_passes: 1.0 });
         assert_eq!(bar("tally cuda bf16 kernel"), Bar { scenario: "s1".into(), label: "tally cuda bf16 kernel".into(), items_per_second: 849.0, peer: false, pass_tokens: None, tile: None, warm_request });
         // No warm request: the cold one stands in.
         assert_eq!(bar("tally cpu f32 cascade").items_per_second, 30.0);

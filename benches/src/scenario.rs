@@ -87,8 +87,9 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
 
     let stats = scorer.stats();
     // What the warm requests ran: tokens prefilled (the suffix, where the prefix cache holds the
-    // static part) and item passes, from the engine's counters after the cold request.
-    let mut after_cold = (0, 0);
+    // static part), passes for the query alone (none where the suffix runs in the item pass) and
+    // item passes, from the engine's counters after the cold request.
+    let mut after_cold = (0, 0, 0);
     let mut seconds = Vec::with_capacity(args.requests);
     let mut query = Vec::new();
     for request_index in 0..args.requests {
@@ -101,12 +102,13 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
         seconds.push(start.elapsed().as_secs_f64());
         ensure!(scores.len() == args.items && scores.iter().flatten().all(|p| p.is_finite()), "scoring returned malformed scores");
         if request_index == 0 {
-            after_cold = (stats.prefill_tokens.load(Relaxed), stats.pass_items.count());
+            after_cold = (stats.prefill_tokens.load(Relaxed), stats.prefill_passes.load(Relaxed), stats.pass_items.count());
         }
     }
     let warm_requests = (args.requests - 1) as f64;
     let warm_prefill_tokens = (args.requests > 1).then(|| (stats.prefill_tokens.load(Relaxed) - after_cold.0) as f64 / warm_requests);
-    let warm_passes = (args.requests > 1).then(|| (stats.pass_items.count() - after_cold.1) as f64 / warm_requests);
+    let warm_prefill_passes = (args.requests > 1).then(|| (stats.prefill_passes.load(Relaxed) - after_cold.1) as f64 / warm_requests);
+    let warm_passes = (args.requests > 1).then(|| (stats.pass_items.count() - after_cold.2) as f64 / warm_requests);
     if args.profiled_request || args.cuda_profiler_range {
         let items: Vec<Vec<i64>> = (0..args.items).map(|_| ids(item_tokens)).collect();
         let input = scorer.preparer().prepare(&request(&query, items))?;
@@ -143,8 +145,8 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
     if let Some(s) = warm_median {
         print("warm median", s);
     }
-    if let (Some(tokens), Some(passes)) = (warm_prefill_tokens, warm_passes) {
-        println!("a warm request: {tokens:.0} query tokens prefilled, {passes:.1} item passes");
+    if let (Some(tokens), Some(prefill_passes), Some(passes)) = (warm_prefill_tokens, warm_prefill_passes, warm_passes) {
+        println!("a warm request: {tokens:.0} query tokens prefilled, {prefill_passes:.1} prefill passes, {passes:.1} item passes");
     }
     Ok(json!({
         "benchmark": "scenario",
@@ -167,6 +169,7 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
         "cold": row(seconds[0]),
         "warm_median": warm_median.map(row),
         "warm_prefill_tokens_per_request": warm_prefill_tokens,
+        "warm_prefill_passes_per_request": warm_prefill_passes,
         "warm_item_passes_per_request": warm_passes,
     }))
 }

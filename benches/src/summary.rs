@@ -16,12 +16,15 @@ pub fn table(results: &Results) -> String {
         let goal = SCENARIO_GOALS.iter().find(|(name, _)| *name == scenario).map(|(_, goal)| *goal);
         let best_peer = bars.iter().filter(|bar| bar.peer).map(|bar| bar.items_per_second).max_by(f64::total_cmp);
         let goal_header = goal.map_or(String::new(), |goal| format!(" (goal {})", thousands(goal)));
-        let _ = writeln!(out, "| {} run | items/s{goal_header} | × best PyTorch peer | a warm request: tokens prefilled, item passes |\n|---|---:|---:|---:|", scenario.to_uppercase());
+        let _ = writeln!(out, "| {} run | items/s{goal_header} | × best PyTorch peer | a warm request: tokens prefilled, prefill passes, item passes |\n|---|---:|---:|---:|", scenario.to_uppercase());
         let mut bars = bars;
         bars.sort_by(|a, b| b.items_per_second.total_cmp(&a.items_per_second));
         for bar in bars {
             let ratio = best_peer.map_or("—".to_owned(), |peer| format!("{:.2}×", bar.items_per_second / peer));
-            let warm = bar.warm_request.map_or("—".to_owned(), |warm| format!("{:.0}, {:.1}", warm.prefill_tokens, warm.item_passes));
+            let warm = bar.warm_request.map_or("—".to_owned(), |warm| {
+                let prefill_passes = warm.prefill_passes.map_or("—".to_owned(), |passes| format!("{passes:.1}"));
+                format!("{:.0}, {prefill_passes}, {:.1}", warm.prefill_tokens, warm.item_passes)
+            });
             let _ = writeln!(out, "| {} | {} | {ratio} | {warm} |", bar.label, thousands(bar.items_per_second));
         }
         out.push('\n');
@@ -79,10 +82,10 @@ mod tests {
         assert!(table.starts_with("## Summary — H100\n"), "{table}");
         // S1: best first; tally's 849 against the best peer's 2,410, the peer itself at 1.
         let s1 = [
-            "| S1 run | items/s (goal 10,000) | × best PyTorch peer | a warm request: tokens prefilled, item passes |",
+            "| S1 run | items/s (goal 10,000) | × best PyTorch peer | a warm request: tokens prefilled, prefill passes, item passes |",
             "|---|---:|---:|---:|",
             "| PyTorch packed mask bf16 | 2,410 | 1.00× | — |",
-            "| tally cuda bf16 kernel | 849 | 0.35× | 20, 1.0 |",
+            "| tally cuda bf16 kernel | 849 | 0.35× | 20, 0.0, 1.0 |",
             "| PyTorch padded bf16 | 82 | 0.03× | — |",
         ];
         assert!(table.contains(&s1.join("\n")), "{table}");

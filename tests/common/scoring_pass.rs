@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, ItemGroup, LabelRoute, LabelTable, ModelFiles, Routes, ScoringBackend, TileShape};
+use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, ItemGroup, LabelRoute, LabelTable, ModelFiles, QueryBatch, Routes, ScoringBackend, TileShape};
 
 /// The routes a whole model is run on: the backend's kernels (the row attention kernel with
 /// Burn's elementwise ops, the tile kernels with the fused elementwise and label kernels), then
@@ -25,8 +25,9 @@ pub fn fixture_models() -> Vec<PathBuf> {
 }
 
 /// Label log-probabilities on `routes` of three items after two queries prefilled together (a
-/// short one, and one of two chunks), two items on the first, one on the second, and of one item
-/// with no query at all (`item_first`), `[items][labels]`.
+/// short one whose last tokens run in the item pass, and one of two chunks), two items on the
+/// first, one on the second, and of one item with no query at all (`item_first`),
+/// `[items][labels]`.
 pub fn label_logprobs<B: ScoringBackend>(model_dir: &Path, routes: Routes) -> Vec<f32> {
     let opened = ModelFiles::locate(model_dir).and_then(|files| files.open()).expect("fixture model opens");
     let device = B::Device::default();
@@ -36,10 +37,12 @@ pub fn label_logprobs<B: ScoringBackend>(model_dir: &Path, routes: Routes) -> Ve
     let token = |i: u32| (i * 37 + 11) % vocab;
     let queries: [Vec<u32>; 2] = [(0..23).map(token).collect(), (500..1030).map(token).collect()];
     let items: Vec<Vec<u32>> = [1, 6, 19].iter().map(|&len| (100..100 + len).map(token).collect()).collect();
-    let prefixes = model.prefill_batch(vec![model.empty_query(), model.empty_query()], &[&queries[0], &queries[1]]);
+    // The short query's last 3 tokens are its tail, which runs in the item pass.
+    let prefixes = model.prefill_batch(vec![model.empty_query(), model.empty_query()], &[&queries[0][..20], &queries[1]]);
     let queries = prefixes.into_iter().chain([model.empty_query()]).collect();
+    let mut batch = QueryBatch::with_tails(queries, vec![(20..23).map(token).collect(), Vec::new(), Vec::new()]);
     let groups = [ItemGroup { query: 0, items: vec![&items[0], &items[1]] }, ItemGroup { query: 1, items: vec![&items[2]] }, ItemGroup { query: 2, items: vec![&items[1]] }];
-    let hidden = model.last_hidden(&model.query_batch(queries), &groups);
+    let hidden = model.last_hidden(&mut batch, &groups);
     let labels = LabelTable::new(&[&[0, 1, vocab - 1], &[2, 3, 4], &[5, vocab / 2, 6], &[7, 8, vocab - 2]]);
     model.label_logprobs(hidden, &labels).into_data().convert::<f32>().to_vec().expect("f32 log-probabilities")
 }

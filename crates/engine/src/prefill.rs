@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 
-use tally_model::{DecoderModel, QueryKv, ScoringBackend, PREFILL_CHUNK};
+use tally_model::{DecoderModel, QueryBatch, QueryKv, ScoringBackend, PREFILL_CHUNK};
 
 use crate::prefix_cache::PrefixLru;
 use crate::stats::EngineStats;
@@ -41,29 +41,59 @@ impl PrefixCacheUse {
     }
 }
 
-/// K/V for each of `queries` (`None`: an empty query), and how each was found in the cache.
-/// Distinct queries are computed once; each prefill pass holds at most `max_tokens` query
-/// tokens (at least one query).
+/// A batch's queries as its passes read them: each distinct query once, its K/V so far and,
+/// where the batch's first item pass can take them, its last tokens still to run (its tail, see
+/// [`QueryBatch`]); which of them each request reads, and how it was found in the cache.
+pub struct BatchQueries<B: ScoringBackend> {
+    pub queries: QueryBatch<B>,
+    /// Per request: its query's index in `queries`, and how that query was found in the cache.
+    pub of_request: Vec<(usize, PrefixCacheUse)>,
+    /// Queries to cache once their tails have run: index in `queries`, and the whole query.
+    to_cache: Vec<(usize, Vec<u32>)>,
+}
+
+impl<B: ScoringBackend> BatchQueries<B> {
+    /// Caches the queries whose tails have run (call after the batch's first pass).
+    pub fn cache_run_tails(&mut self, cache: &mut PrefixLru<B>, stats: &EngineStats) {
+        if self.to_cache.is_empty() || self.queries.tail_tokens() > 0 {
+            return;
+        }
+        for (index, query) in self.to_cache.drain(..) {
+            cache.insert(&query, self.queries.query(index).clone());
+        }
+        stats.prefix_cache_bytes.store(cache.used_bytes() as u64, Relaxed);
+    }
+}
+
+/// The queries of a batch (`None`: a request without one), each taken from the cache or
+/// prefilled, cache misses together. Distinct queries are computed once; each prefill pass holds
+/// at most `max_tokens` query tokens (at least one query). Where the misses' last chunks come
+/// to at most `tail_tokens` in all, they are left as tails for the batch's first item pass (no
+/// pass of their own: a request whose query is cached but for a new suffix is then one pass).
 pub fn prefill_queries<B: ScoringBackend>(
     model: &DecoderModel<B>,
     cache: &mut PrefixLru<B>,
     stats: &EngineStats,
     queries: &[Option<&[u32]>],
     max_tokens: usize,
-) -> Vec<(QueryKv<B>, PrefixCacheUse)> {
+    tail_tokens: usize,
+) -> BatchQueries<B> {
     let mut distinct: Vec<&[u32]> = Vec::new();
     for query in queries.iter().flatten() {
         if !distinct.contains(query) {
             distinct.push(query);
         }
     }
-    let mut done: HashMap<&[u32], QueryKv<B>> = HashMap::new();
+    // Each distinct query's K/V so far and its tail.
+    let mut done: HashMap<&[u32], (QueryKv<B>, &[u32])> = HashMap::new();
+    let mut to_cache: Vec<&[u32]> = Vec::new();
     // Each distinct query's lookup (a miss unless the cache says otherwise), taken by its first
     // occurrence below: its repeats within the batch are hits.
     let mut found: HashMap<&[u32], PrefixCacheUse> = distinct.iter().map(|&query| (query, PrefixCacheUse::Miss)).collect();
     if !cache.is_enabled() {
         let empty = || model.empty_query();
-        done.extend(distinct.iter().copied().zip(prefill_in_passes(model, stats, distinct.iter().map(|&q| (empty(), q)).collect(), max_tokens)));
+        let work = distinct.iter().map(|&q| (empty(), q)).collect();
+        done.extend(distinct.iter().copied().zip(prefill_leaving_tails(model, stats, work, max_tokens, tail_tokens)));
     } else {
         // A query repeated within the batch is a hit, as it would be a request later.
         stats.prefix_cache_hits.fetch_add((queries.iter().flatten().count() - distinct.len()) as u64, Relaxed);
@@ -72,7 +102,7 @@ pub fn prefill_queries<B: ScoringBackend>(
             // A hit when a cached query is this one or begins with it.
             let (lookup, counter) = match cache.longest_prefix(query) {
                 Some(whole) if whole.len() == query.len() => {
-                    done.insert(query, whole);
+                    done.insert(query, (whole, &[]));
                     (PrefixCacheUse::Hit, &stats.prefix_cache_hits)
                 }
                 Some(_) => (PrefixCacheUse::Partial, &stats.prefix_cache_partial_hits),
@@ -107,21 +137,40 @@ pub fn prefill_queries<B: ScoringBackend>(
         // A query a part of this batch turned out to cover whole is a view of that part: not
         // stored again (the cache would count a view's bytes, not the buffer it keeps alive).
         let computed: Vec<bool> = work.iter().map(|(_, rest)| !rest.is_empty()).collect();
-        for ((&query, kv), computed) in missed.iter().zip(prefill_in_passes(model, stats, work, max_tokens)).zip(computed) {
-            if computed {
+        for ((&query, (kv, tail)), computed) in missed.iter().zip(prefill_leaving_tails(model, stats, work, max_tokens, tail_tokens)).zip(computed) {
+            if !tail.is_empty() {
+                to_cache.push(query);
+            } else if computed {
                 cache.insert(query, kv.clone());
             }
-            done.insert(query, kv);
+            done.insert(query, (kv, tail));
         }
         stats.prefix_cache_bytes.store(cache.used_bytes() as u64, Relaxed);
     }
-    queries
+
+    // The batch: each distinct query once, and one empty query for the requests without one.
+    let mut index_of: HashMap<&[u32], usize> = HashMap::new();
+    let (mut kvs, mut tails) = (Vec::new(), Vec::new());
+    for &query in &distinct {
+        let (kv, tail) = done.remove(query).expect("every distinct query is done");
+        index_of.insert(query, kvs.len());
+        kvs.push(kv);
+        tails.push(tail.to_vec());
+    }
+    let no_query = kvs.len();
+    if queries.iter().any(Option::is_none) || kvs.is_empty() {
+        kvs.push(model.empty_query());
+        tails.push(Vec::new());
+    }
+    let of_request = queries
         .iter()
         .map(|query| match query {
-            None => (model.empty_query(), PrefixCacheUse::Miss),
-            Some(q) => (done[q].clone(), found.remove(q).unwrap_or(PrefixCacheUse::Hit)),
+            None => (no_query, PrefixCacheUse::Miss),
+            Some(q) => (index_of[q], found.remove(q).unwrap_or(PrefixCacheUse::Hit)),
         })
-        .collect()
+        .collect();
+    let to_cache = to_cache.into_iter().map(|query| (index_of[query], query.to_vec())).collect();
+    BatchQueries { queries: QueryBatch::with_tails(kvs, tails), of_request, to_cache }
 }
 
 /// The longest multiple of [`PREFILL_CHUNK`] strictly shorter than `query`: the part a batch's
@@ -139,6 +188,24 @@ fn resume_point<'q, B: ScoringBackend>(model: &DecoderModel<B>, cache: &mut Pref
     (base, rest)
 }
 
+/// Extends each `(base, tokens)` by its tokens but the last chunk (1 to [`PREFILL_CHUNK`] tokens,
+/// the chunk a prefill would end with), which is left as its tail, where the last chunks come
+/// to at most `tail_tokens` in all; by all of them, leaving no tail, where they do not.
+fn prefill_leaving_tails<'q, B: ScoringBackend>(model: &DecoderModel<B>, stats: &EngineStats, work: Vec<(QueryKv<B>, &'q [u32])>, max_tokens: usize, tail_tokens: usize) -> Vec<(QueryKv<B>, &'q [u32])> {
+    let last_chunks: usize = work.iter().map(|(_, tokens)| tokens.len() - aligned_len(tokens)).sum();
+    let leave_tails = last_chunks <= tail_tokens;
+    let (work, tails): (Vec<_>, Vec<_>) = work
+        .into_iter()
+        .map(|(base, tokens)| {
+            let (run, tail) = if leave_tails { tokens.split_at(aligned_len(tokens)) } else { (tokens, &[][..]) };
+            ((base, run), tail)
+        })
+        .unzip();
+    // The tails are query tokens run through the model too, in the first item pass.
+    stats.prefill_tokens.fetch_add(tails.iter().map(|tail| tail.len() as u64).sum(), Relaxed);
+    prefill_in_passes(model, stats, work, max_tokens).into_iter().zip(tails).collect()
+}
+
 /// Extends each `(base, tokens)`, as many at once as fit a pass of `max_tokens` query tokens.
 fn prefill_in_passes<B: ScoringBackend>(model: &DecoderModel<B>, stats: &EngineStats, work: Vec<(QueryKv<B>, &[u32])>, max_tokens: usize) -> Vec<QueryKv<B>> {
     stats.prefill_tokens.fetch_add(work.iter().map(|(_, tokens)| tokens.len() as u64).sum(), Relaxed);
@@ -147,6 +214,8 @@ fn prefill_in_passes<B: ScoringBackend>(model: &DecoderModel<B>, stats: &EngineS
     let mut done = Vec::with_capacity(work.len());
     for pass in passes {
         let (bases, tokens): (Vec<_>, Vec<_>) = work.by_ref().take(pass.len()).unzip();
+        let rounds = tokens.iter().map(|t| t.len().div_ceil(PREFILL_CHUNK)).max().unwrap_or(0);
+        stats.prefill_passes.fetch_add(rounds as u64, Relaxed);
         done.extend(model.prefill_batch(bases, &tokens));
     }
     done

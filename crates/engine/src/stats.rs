@@ -58,6 +58,9 @@ pub struct EngineStats {
     pub prefix_cache_capacity_bytes: AtomicU64,
     /// Query tokens run through the model (what the prefix cache did not hold).
     pub prefill_tokens: AtomicU64,
+    /// Forward passes run for queries alone. A query's last chunk runs in its batch's first item
+    /// pass, so a request whose query is cached but for a new suffix takes none.
+    pub prefill_passes: AtomicU64,
     /// Requests dropped unscored or part-scored because their client left or their deadline passed.
     pub requests_abandoned: AtomicU64,
     /// Requests scored together in one batch.
@@ -91,6 +94,7 @@ impl Default for EngineStats {
             prefix_cache_bytes: AtomicU64::new(0),
             prefix_cache_capacity_bytes: AtomicU64::new(0),
             prefill_tokens: AtomicU64::new(0),
+            prefill_passes: AtomicU64::new(0),
             requests_abandoned: AtomicU64::new(0),
             batch_requests: Histogram::new(SIZE_BUCKETS),
             pass_items: Histogram::new(SIZE_BUCKETS),

@@ -55,54 +55,86 @@ impl<B: Backend> QueryKv<B> {
         let layers = self.layers.iter().map(|kv| PrefixKv { keys: kv.keys.clone().narrow(1, 0, len), values: kv.values.clone().narrow(1, 0, len) }).collect();
         QueryKv { layers, len }
     }
-
-    /// This query followed by `len` more tokens whose per-layer K/V is `next`.
-    pub(crate) fn extended(self, next: Vec<PrefixKv<B>>, len: usize) -> Self {
-        let layers = self
-            .layers
-            .into_iter()
-            .zip(next)
-            .map(|(old, new)| PrefixKv {
-                keys: Tensor::cat(vec![old.keys, new.keys], 1),
-                values: Tensor::cat(vec![old.values, new.values], 1),
-            })
-            .collect();
-        QueryKv { layers, len: self.len + len }
-    }
 }
 
 /// The queries of a batch of requests, for every pass over their items. Every route of
 /// attention reads one buffer per layer with every query end to end along the token axis
-/// (`[kv_heads, Σ len, head_dim]`, see [`PrefixKv::join`]), joined on first use — once per
-/// batch, not per pass or per layer — and a batch of one query is that query, no copy.
+/// (`[kv_heads, Σ len, head_dim]`, see [`PrefixKv::join`]), joined once per batch, not per pass
+/// or per layer; a batch of one query is that query, no copy.
+///
+/// A query may come with a *tail*: its last tokens, not yet run. Tails run in the batch's first
+/// pass, as rows of their own before the items (each tail attends to its query's K/V so far
+/// and causally to itself, as an item does), and the items of that pass already see their
+/// whole query — so a request whose query is cached but for a new suffix is one forward pass,
+/// not a prefill pass and an item pass.
 pub struct QueryBatch<B: Backend> {
     queries: Vec<QueryKv<B>>,
-    /// Per query: its first token and length in the joined K/V.
+    /// Per query: its tokens not yet run (empty once they have).
+    tails: Vec<Vec<u32>>,
+    /// Per query, tail included: its first token and length in the joined K/V.
     spans: Vec<(usize, usize)>,
     joined: OnceCell<Vec<PrefixKv<B>>>,
 }
 
 impl<B: Backend> QueryBatch<B> {
-    /// `queries` of one model (at least one; an empty query stands for none).
+    /// `queries` of one model (at least one; an empty query stands for none), all run.
     pub fn new(queries: Vec<QueryKv<B>>) -> Self {
-        assert!(!queries.is_empty(), "a batch has at least one query");
-        let spans = spans_end_to_end(queries.iter().map(QueryKv::len));
-        QueryBatch { queries, spans, joined: OnceCell::new() }
+        let tails = vec![Vec::new(); queries.len()];
+        Self::with_tails(queries, tails)
     }
 
-    /// Query `index`'s length.
+    /// `queries` of one model (at least one), query `q` followed by `tails[q]`, which the
+    /// batch's first pass runs.
+    pub fn with_tails(queries: Vec<QueryKv<B>>, tails: Vec<Vec<u32>>) -> Self {
+        assert!(!queries.is_empty(), "a batch has at least one query");
+        assert_eq!(queries.len(), tails.len(), "one tail per query");
+        let spans = spans_end_to_end(queries.iter().zip(&tails).map(|(query, tail)| query.len() + tail.len()));
+        QueryBatch { queries, tails, spans, joined: OnceCell::new() }
+    }
+
+    /// Query `index`'s length, its tail included.
     pub fn query_len(&self, index: usize) -> usize {
         self.spans[index].1
     }
 
-    /// (first token, length) of query `index` in [`Self::joined`].
+    /// (first token, length) of query `index`, its tail included, in [`Self::joined`].
     pub fn span(&self, index: usize) -> (usize, usize) {
         self.spans[index]
     }
 
-    /// Every query's K/V in layer `layer`, end to end.
+    /// Tokens of tails still to run, in all.
+    pub fn tail_tokens(&self) -> usize {
+        self.tails.iter().map(Vec::len).sum()
+    }
+
+    /// Each query's K/V so far and its tail (empty once run).
+    pub(crate) fn parts(&self) -> impl Iterator<Item = (&QueryKv<B>, &[u32])> {
+        self.queries.iter().zip(self.tails.iter().map(Vec::as_slice))
+    }
+
+    /// Query `index`, whole: only once its tail has run.
+    pub fn query(&self, index: usize) -> &QueryKv<B> {
+        assert!(self.tails[index].is_empty(), "query {index}'s tail has not run yet");
+        &self.queries[index]
+    }
+
+    /// Every query's K/V in layer `layer`, end to end: only once the tails have run.
     pub fn joined(&self, layer: usize) -> &PrefixKv<B> {
+        assert_eq!(self.tail_tokens(), 0, "tails run in the batch's first pass, before anything reads the joined K/V");
         &self.joined.get_or_init(|| self.join())[layer]
+    }
+
+    /// The tails have run: `extended[q]` is query `q` whole where it had a tail, and `joined`
+    /// every layer's K/V of all queries end to end (the pass that ran the tails built it).
+    pub(crate) fn tails_ran(&mut self, extended: Vec<Option<QueryKv<B>>>, joined: Vec<PrefixKv<B>>) {
+        for ((query, tail), extended) in self.queries.iter_mut().zip(&mut self.tails).zip(extended) {
+            if let Some(extended) = extended {
+                assert_eq!(extended.len(), query.len() + tail.len(), "a tail extends its query by its tokens");
+                (*query, *tail) = (extended, Vec::new());
+            }
+        }
+        assert_eq!(self.tail_tokens(), 0, "every tail ran");
+        self.joined = OnceCell::from(joined);
     }
 
     fn join(&self) -> Vec<PrefixKv<B>> {
@@ -158,6 +190,18 @@ mod tests {
             assert_eq!(host(&joined.values), expected.iter().map(|v| v + 5.0).collect::<Vec<_>>());
             assert!(std::ptr::eq(joined, batch.joined(layer)), "joined once per batch");
         }
+    }
+
+    #[test]
+    fn a_tail_counts_in_its_querys_span_until_the_first_pass_runs_it() {
+        let mut batch = QueryBatch::with_tails(vec![query(1, 2), query(2, 3)], vec![vec![9; 4], Vec::new()]);
+        assert_eq!([batch.span(0), batch.span(1)], [(0, 6), (6, 3)], "query 0's 2 tokens and its 4-token tail");
+        assert_eq!(batch.tail_tokens(), 4);
+        let whole = query(1, 6);
+        let joined = (0..2).map(|layer| PrefixKv::join(&[&whole.layers[layer], &query(2, 3).layers[layer]]).0).collect();
+        batch.tails_ran(vec![Some(whole), None], joined);
+        assert_eq!((batch.tail_tokens(), batch.query(0).len(), batch.span(1)), (0, 6, (6, 3)));
+        assert_eq!(host(&batch.joined(1).keys)[..12], host(&query(1, 6).layers[1].keys)[..], "the pass's joined K/V is the batch's");
     }
 
     #[test]

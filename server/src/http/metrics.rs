@@ -84,6 +84,7 @@ pub async fn render(State(state): State<Arc<AppState>>) -> impl IntoResponse {
         ("tally_prefix_cache_partial_hits_total", "Queries that resumed from a cached beginning.", engine.prefix_cache_partial_hits.load(Relaxed)),
         ("tally_prefix_cache_misses_total", "Queries prefilled from scratch.", engine.prefix_cache_misses.load(Relaxed)),
         ("tally_prefill_tokens_total", "Query tokens prefilled (not found in the prefix cache).", engine.prefill_tokens.load(Relaxed)),
+        ("tally_prefill_passes_total", "Forward passes run for queries alone (a query's last chunk runs in the item pass).", engine.prefill_passes.load(Relaxed)),
     ];
     for (name, help, value) in counters {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");

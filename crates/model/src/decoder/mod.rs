@@ -7,6 +7,7 @@
 mod load;
 
 use std::marker::PhantomData;
+use std::ops::Range;
 
 use burn::tensor::{Int, Tensor, TensorData};
 
@@ -108,8 +109,8 @@ impl<B: ScoringBackend> DecoderModel<B> {
 
     /// Extends each query's K/V by its tokens, as if `query + tokens` had been prefilled from
     /// scratch (exactly so when `query.len()` is a multiple of [`PREFILL_CHUNK`]). The tokens go
-    /// in chunks, each attending to the K/V of the chunks before it (a one-item pass over that
-    /// prefix), so attention memory grows with `chunk × query`, not `query²`. Chunk `c`
+    /// in chunks, each attending to the K/V of the chunks before it (a pass of tails, see
+    /// [`QueryBatch`]), so attention memory grows with `chunk × query`, not `query²`. Chunk `c`
     /// of every sequence runs in one pass, each chunk attending to its own query only, so `n`
     /// queries cost one pass per chunk instead of `n`; the caller bounds that pass (`n` chunks
     /// of up to [`PREFILL_CHUNK`] tokens).
@@ -120,18 +121,11 @@ impl<B: ScoringBackend> DecoderModel<B> {
         for round in 0..rounds {
             let start = round * PREFILL_CHUNK;
             let active: Vec<usize> = (0..tokens.len()).filter(|&s| tokens[s].len() > start).collect();
-            let chunks: Vec<&[u32]> = active.iter().map(|&s| &tokens[s][start..tokens[s].len().min(start + PREFILL_CHUNK)]).collect();
-            let lens: Vec<[usize; 1]> = chunks.iter().map(|chunk| [chunk.len()]).collect();
-            let layout = ItemLayout::new(active.iter().zip(&lens).map(|(&s, len)| (caches[s].len(), &len[..])));
-            let batch = self.query_batch(active.iter().map(|&s| caches[s].clone()).collect());
-            let group_queries: Vec<usize> = (0..active.len()).collect();
-            let mut chunk_kv = Vec::with_capacity(self.layers.len());
-            self.forward(&chunks.concat(), &layout, &batch, &group_queries, Keep::Kv(&mut chunk_kv));
-            let mut offset = 0;
-            for (&s, chunk) in active.iter().zip(&chunks) {
-                let part = chunk_kv.iter().map(|kv| kv.tokens(offset, chunk.len())).collect();
-                caches[s] = caches[s].clone().extended(part, chunk.len());
-                offset += chunk.len();
+            let chunks = active.iter().map(|&s| tokens[s][start..tokens[s].len().min(start + PREFILL_CHUNK)].to_vec()).collect();
+            let mut batch = QueryBatch::with_tails(active.iter().map(|&s| caches[s].clone()).collect(), chunks);
+            self.run_pass(&mut batch, &[], None);
+            for (index, &s) in active.iter().enumerate() {
+                caches[s] = batch.query(index).clone();
             }
         }
         caches
@@ -146,21 +140,15 @@ impl<B: ScoringBackend> DecoderModel<B> {
     /// Final-normed hidden state at the last token of each item, `[items, hidden]`, items in
     /// group order. Item token `k` sits at position `query.len() + k` and sees its group's
     /// query (in `queries`) and its own item only. Groups of different requests share the
-    /// pass's matmuls.
-    pub fn last_hidden(&self, queries: &QueryBatch<B>, groups: &[ItemGroup<'_>]) -> Tensor<B, 2> {
-        let lens: Vec<Vec<usize>> = groups.iter().map(|g| g.items.iter().map(|item| item.len()).collect()).collect();
-        let layout = ItemLayout::new(groups.iter().zip(&lens).map(|(g, lens)| (queries.query_len(g.query), lens.as_slice())));
-        let tokens: Vec<u32> = groups.iter().flat_map(|g| g.items.iter().flat_map(|item| item.iter().copied())).collect();
-        let group_queries: Vec<usize> = groups.iter().map(|g| g.query).collect();
-        let last_rows: Vec<i64> = layout.last_rows().into_iter().map(|row| row as i64).collect();
-        let last_rows = Tensor::<B, 1, Int>::from_data(TensorData::new(last_rows, [layout.items()]), &self.device());
-        let hidden = self.forward(&tokens, &layout, queries, &group_queries, Keep::Rows(last_rows)).expect("a pass keeping rows returns them");
+    /// pass's matmuls; the batch's query tails, if any are left, run in this pass too.
+    pub fn last_hidden(&self, queries: &mut QueryBatch<B>, groups: &[ItemGroup<'_>]) -> Tensor<B, 2> {
+        let items: usize = groups.iter().map(|g| g.items.len()).sum();
+        let hidden = self.run_pass(queries, groups, Some(items)).expect("a pass keeping rows returns them");
         // On the elementwise route the model's layers take: on CUDA, Burn's norm is a mean
         // reduction autotuned per item count, ~30 kernels compiled in a cold start.
         let (_, normed) = self.elementwise().add_rms_norm(hidden, None, &self.final_norm);
         normed
     }
-
     /// Logits of each row's labels, `[rows, labels.width()]`.
     pub fn label_logits(&self, hidden: Tensor<B, 2>, labels: &LabelTable) -> Tensor<B, 2> {
         lm_head::label_logits(hidden, self.head(), labels)
@@ -178,20 +166,65 @@ impl<B: ScoringBackend> DecoderModel<B> {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
 
-    /// Runs the packed tokens of `layout` through all layers. Group `g` attends to query
-    /// `group_queries[g]` of `queries`. What comes out is what `keep` asks for, and the last
-    /// layer computes no more than that (see [`Keep`]).
-    fn forward(&self, tokens: &[u32], layout: &ItemLayout, queries: &QueryBatch<B>, group_queries: &[usize], mut keep: Keep<'_, B>) -> Option<Tensor<B, 2>> {
+    /// One forward pass: the batch's tails still to run (a group each, first), then `groups`'
+    /// items. Returns the hidden state after the last layer (before the final norm) of the
+    /// last row of each of the `kept_items` last items (`None`: a pass of tails alone, which
+    /// keeps only K/V, in `queries`).
+    fn run_pass(&self, queries: &mut QueryBatch<B>, groups: &[ItemGroup<'_>], kept_items: Option<usize>) -> Option<Tensor<B, 2>> {
+        let tails: Vec<(usize, Vec<u32>)> = queries.parts().enumerate().filter(|(_, (_, tail))| !tail.is_empty()).map(|(q, (_, tail))| (q, tail.to_vec())).collect();
+        let base_len = |q: usize| queries.query_len(q) - tails.iter().find(|(t, _)| *t == q).map_or(0, |(_, tail)| tail.len());
+        let lens: Vec<Vec<usize>> = tails.iter().map(|(_, tail)| vec![tail.len()]).chain(groups.iter().map(|g| g.items.iter().map(|item| item.len()).collect())).collect();
+        // A tail sits after its query's K/V so far and sees it whole; items see their query whole.
+        let prefix_spans: Vec<(usize, usize)> =
+            tails.iter().map(|&(q, _)| (queries.span(q).0, base_len(q))).chain(groups.iter().map(|g| queries.span(g.query))).collect();
+        let layout = ItemLayout::new(prefix_spans.iter().zip(&lens).map(|(&(_, prefix_len), lens)| (prefix_len, lens.as_slice())));
+        let tokens: Vec<u32> = tails.iter().flat_map(|(_, tail)| tail.iter().copied()).chain(groups.iter().flat_map(|g| g.items.iter().flat_map(|item| item.iter().copied()))).collect();
+        let keep = kept_items.map(|items| {
+            let rows = layout.last_rows();
+            let kept: Vec<i64> = rows[rows.len() - items..].iter().map(|&row| row as i64).collect();
+            Tensor::<B, 1, Int>::from_data(TensorData::new(kept, [items]), &self.device())
+        });
+        let mut tail_rows = vec![0..0; queries.parts().count()];
+        let mut offset = 0;
+        for (q, tail) in &tails {
+            tail_rows[*q] = offset..offset + tail.len();
+            offset += tail.len();
+        }
+        let mut run = (!tails.is_empty()).then(|| TailRun::new(tail_rows));
+        let hidden = self.forward(&tokens, &layout, &prefix_spans, &mut |layer, keys, values| match &mut run {
+            Some(run) => run.layer_prefix(queries, layer, keys, values),
+            None => queries.joined(layer).clone(),
+        }, keep);
+        if let Some(run) = run {
+            run.finish(queries);
+        }
+        hidden
+    }
+
+    /// Runs the packed tokens of `layout` through all layers. Group `g` attends to the prefix
+    /// K/V at `prefix_spans[g]` of what `prefix(layer, keys, values)` gives each layer (which
+    /// sees the layer's keys and values of every row, RoPE applied, `[rows, kv_heads,
+    /// head_dim]`). Returns the hidden state after the last layer (before the final norm) of
+    /// the rows `keep` names, in their order; past the last layer's attention rows no longer
+    /// mix, so only those rows go through its output projection and MLP, and a pass that keeps
+    /// none stops once the last layer's prefix is made.
+    fn forward(
+        &self,
+        tokens: &[u32],
+        layout: &ItemLayout,
+        prefix_spans: &[(usize, usize)],
+        prefix: &mut dyn FnMut(usize, &Tensor<B, 3>, &Tensor<B, 3>) -> PrefixKv<B>,
+        keep: Option<Tensor<B, 1, Int>>,
+    ) -> Option<Tensor<B, 2>> {
         let c = &self.config;
         let device = self.device();
         let count = tokens.len();
         let mut x = self.embed_tokens.rows(tokens, &device);
         // Planned once for the pass, read by every layer (FlashInfer's plan/run split): RoPE
-        // tables for the items' positions, and the attention's tiles or gathers.
+        // tables for the rows' positions, and the attention's tiles or gathers.
         let rope = Rope::new(&layout.positions(), &c.rope.inverse_frequencies(c.head_dim), &device);
-        let prefix_spans: Vec<(usize, usize)> = group_queries.iter().map(|&q| queries.span(q)).collect();
         let group = c.num_attention_heads / c.num_key_value_heads;
-        let attention = B::plan_attention(self.routes.attention, layout, &prefix_spans, group, &device);
+        let attention = B::plan_attention(self.routes.attention, layout, prefix_spans, group, &device);
         let (q_width, kv_width) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
 
         let steps = self.elementwise();
@@ -211,15 +244,13 @@ impl<B: ScoringBackend> DecoderModel<B> {
             let v = heads(qkv.narrow(1, q_width + kv_width, kv_width), c.num_key_value_heads);
             let (q_norm, k_norm) = layer.qk_norm.as_ref().map(|(q, k)| (q, k)).unzip();
             let k = steps.norm_rope(k, k_norm, &rope);
-            if let Keep::Kv(kept) = &mut keep {
-                kept.push(PrefixKv { keys: k.clone().swap_dims(0, 1), values: v.clone().swap_dims(0, 1) });
-                if last {
-                    return None; // the last layer's K/V is all a prefill keeps
-                }
+            let layer_prefix = prefix(index, &k, &v);
+            if last && keep.is_none() {
+                return None; // the last layer's K/V is all a pass that keeps no rows needs
             }
             let q = steps.norm_rope(q, q_norm, &rope);
-            let mut attended = attention.run(q, k, v, queries.joined(index)).reshape([count, q_width]);
-            if let (Keep::Rows(rows), true) = (&keep, last) {
+            let mut attended = attention.run(q, k, v, &layer_prefix).reshape([count, q_width]);
+            if let (Some(rows), true) = (&keep, last) {
                 // Past the last attention, rows no longer mix: only the kept ones go on.
                 (attended, x) = (attended.select(0, rows.clone()), x.select(0, rows.clone()));
             }
@@ -234,23 +265,54 @@ impl<B: ScoringBackend> DecoderModel<B> {
             Some(mlp_out) => x + mlp_out,
             None => x,
         };
-        match keep {
-            // With no layers, no last layer selected the rows.
-            Keep::Rows(rows) if self.layers.is_empty() => Some(hidden.select(0, rows)),
-            Keep::Rows(_) => Some(hidden),
-            Keep::Kv(_) => None,
-        }
+        // With no layers, no last layer selected the rows.
+        keep.map(|rows| if self.layers.is_empty() { hidden.select(0, rows) } else { hidden })
     }
 }
 
-/// What a pass keeps, and so what its last layer computes: past the last layer's attention each
-/// row is on its own, so only kept rows go through its output projection and MLP, and a prefill
-/// (which keeps only K/V) stops once the last layer's K/V is out.
-enum Keep<'a, B: ScoringBackend> {
-    /// The hidden state after the last layer (before the final norm) of these rows, in their order.
-    Rows(Tensor<B, 1, Int>),
-    /// Each layer's K/V of every token, pushed in prefix layout; no hidden state.
-    Kv(&'a mut Vec<PrefixKv<B>>),
+/// The tails of a [`QueryBatch`] as one pass runs them: each layer, each tail's K/V joins its
+/// query's K/V so far, and the queries, whole, join end to end as the layer's prefix.
+struct TailRun<B: ScoringBackend> {
+    /// Per query of the batch: its tail's rows in the pass (empty: no tail).
+    rows: Vec<Range<usize>>,
+    /// Per query with a tail: its K/V, tail included, of each layer so far.
+    extended: Vec<Vec<PrefixKv<B>>>,
+    /// The prefix of each layer so far: every query, whole, end to end.
+    joined: Vec<PrefixKv<B>>,
+}
+
+impl<B: ScoringBackend> TailRun<B> {
+    fn new(rows: Vec<Range<usize>>) -> Self {
+        TailRun { extended: vec![Vec::new(); rows.len()], rows, joined: Vec::new() }
+    }
+
+    /// Layer `layer`'s prefix. `keys`, `values`: the layer's, every row of the pass.
+    fn layer_prefix(&mut self, queries: &QueryBatch<B>, layer: usize, keys: &Tensor<B, 3>, values: &Tensor<B, 3>) -> PrefixKv<B> {
+        let parts: Vec<PrefixKv<B>> = queries
+            .parts()
+            .zip(&self.rows)
+            .zip(&mut self.extended)
+            .map(|(((query, _), rows), extended)| {
+                let so_far = &query.layers[layer];
+                if rows.is_empty() {
+                    return so_far.clone();
+                }
+                let tail = |rows_of: &Tensor<B, 3>| rows_of.clone().narrow(0, rows.start, rows.len()).swap_dims(0, 1);
+                let whole = PrefixKv { keys: Tensor::cat(vec![so_far.keys.clone(), tail(keys)], 1), values: Tensor::cat(vec![so_far.values.clone(), tail(values)], 1) };
+                extended.push(whole.clone());
+                whole
+            })
+            .collect();
+        let joined = PrefixKv::join(&parts.iter().collect::<Vec<_>>()).0;
+        self.joined.push(joined.clone());
+        joined
+    }
+
+    /// Hands the queries, tails included, to the batch.
+    fn finish(self, queries: &mut QueryBatch<B>) {
+        let extended = self.extended.into_iter().map(|layers| (!layers.is_empty()).then(|| QueryKv::from_layers(layers))).collect();
+        queries.tails_ran(extended, self.joined);
+    }
 }
 
 /// The layers' elementwise steps on their route: the backend's fused kernels or Burn's ops.
