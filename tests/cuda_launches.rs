@@ -14,8 +14,8 @@
 //! - **What the warm-up compiles from cold**, on the CUDA default and on flash + elementwise
 //!   kernels: CubeK's matmuls (autotune candidates included), tally's kernels, Burn's. On the
 //!   GPU each is an NVRTC compile, most of the cold start.
-//! - **The launch census of one warm S1 request**: launches per request by kernel type (the
-//!   suffix's prefill pass and the item pass), and the host's time to issue them (Burn's fusion
+//! - **The launch census of one warm S1 request**: launches per request by kernel type (one
+//!   pass: the query's new 20-token suffix runs as rows of the item pass), and the host's time to issue them (Burn's fusion
 //!   and CubeCL's launch path, without the driver's ~2–4 µs a launch): where the host, not the
 //!   GPU, would bound a request. The time is an upper bound on a host of few cores, where
 //!   CubeCL's device threads and the caller wait for each other spinning. Printed; with
@@ -264,7 +264,7 @@ fn the_launch_census_of_a_warm_s1_request() {
     if let Some(path) = std::env::var_os("TALLY_CUDA_LAUNCHES_REPORT") {
         let json = serde_json::json!({
             "benchmark": "cuda-launches",
-            "what": "one warm S1 request (2,020-token query from the prefix cache, 500 items of 20 tokens, one pass) through the engine on the offline CUDA runtime: launches by kernel type and the host's time to issue them, without the driver's launch cost",
+            "what": "one warm S1 request (2,000 of its 2,020 query tokens from the prefix cache, the 20-token suffix run as rows of the one item pass with the 500 items of 20 tokens) through the engine on the offline CUDA runtime: launches by kernel type and the host's time to issue them, without the driver's launch cost",
             "model": "qwen3-0.6b shape, 28 layers, bfloat16, through Burn's fusion, --matmul cubecl",
             "host": std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| info.lines().find_map(|l| l.strip_prefix("model name")?.split(':').nth(1).map(|s| s.trim().to_owned()))),
             "host_cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),

@@ -244,11 +244,13 @@ impl<B: ScoringBackend> DecoderModel<B> {
             let v = heads(qkv.narrow(1, q_width + kv_width, kv_width), c.num_key_value_heads);
             let (q_norm, k_norm) = layer.qk_norm.as_ref().map(|(q, k)| (q, k)).unzip();
             let k = steps.norm_rope(k, k_norm, &rope);
+            // The last layer's K/V is all a pass that keeps no rows needs. The prefix comes after
+            // the queries' norm: a pass whose prefixes are all empty (`item_first`) makes its
+            // unread prefix buffer here, and Burn's fusion compiles other kernels for the
+            // queries' norm if that op comes before it (ones the warm-up never met).
+            let q = (!last || keep.is_some()).then(|| steps.norm_rope(q, q_norm, &rope));
             let layer_prefix = prefix(index, &k, &v);
-            if last && keep.is_none() {
-                return None; // the last layer's K/V is all a pass that keeps no rows needs
-            }
-            let q = steps.norm_rope(q, q_norm, &rope);
+            let Some(q) = q else { return None };
             let mut attended = attention.run(q, k, v, &layer_prefix).reshape([count, q_width]);
             if let (Some(rows), true) = (&keep, last) {
                 // Past the last attention, rows no longer mix: only the kept ones go on.
