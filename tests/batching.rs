@@ -149,8 +149,9 @@ fn a_warmed_up_scorer_counts_nothing_and_answers_as_before() {
 }
 
 /// A query's last chunk runs in the batch's first item pass, not in a pass of its own, where the
-/// pass has room for it (half the budget); later passes read the query whole. Where it has no
-/// room, the query is prefilled whole first, as before. Both agree with float64.
+/// items still take as many passes with room left for it in each, and it takes at most half of
+/// one; later passes read the query whole. Elsewhere the query is prefilled whole first, as
+/// before. Both agree with float64.
 #[test]
 fn a_querys_last_chunk_runs_in_the_first_item_pass_where_it_fits() {
     let with_budget = |max_tokens: usize| {
@@ -159,19 +160,21 @@ fn a_querys_last_chunk_runs_in_the_first_item_pass_where_it_fits() {
     };
     let passes = |scorer: &Scorer<Cpu>| (scorer.stats().prefill_passes.load(Relaxed), scorer.stats().pass_items.count());
 
-    // A one-token query and items over several passes of 8 tokens: the query is its own tail,
-    // run in the first of them; the rest read it from the batch.
+    // A one-token query and 120 items of 1 to 8 tokens over several passes: under 64 tokens a
+    // pass they take 10 passes with or without a token left for the query, which then runs in
+    // the first of them, the rest reading it from the batch; under 8 they would take 94 passes
+    // in place of 85, so the query gets a pass of its own.
     let (request, expected) = case("tied_one_token_query_many_items");
-    let mut small = with_budget(8);
-    let input = small.preparer().prepare(&request).unwrap();
-    assert_eq!(input.query.len(), 1);
-    let scores = scored(&mut small, &[&input]).remove(0);
-    assert_close(&scores.scores, &expected, 1e-3, "the query's tail in the first of several passes, against float64");
-    let (prefill_passes, item_passes) = passes(&small);
-    assert_eq!(prefill_passes, 0, "no pass for the query alone");
-    assert!(item_passes > 1, "the items took {item_passes} pass(es): the test needs several");
-    // The query was cached once its tail ran: the same request again is a hit.
-    assert_eq!(scored(&mut small, &[&input]).remove(0).prefix_cache, PrefixCacheUse::Hit);
+    for (max_tokens, tail_in_item_pass, item_passes) in [(64, true, 10), (8, false, 85)] {
+        let mut scorer = with_budget(max_tokens);
+        let input = scorer.preparer().prepare(&request).unwrap();
+        assert_eq!(input.query.len(), 1);
+        let scores = scored(&mut scorer, &[&input]).remove(0);
+        assert_close(&scores.scores, &expected, 1e-3, &format!("a pass budget of {max_tokens} tokens, against float64"));
+        assert_eq!(passes(&scorer), (u64::from(!tail_in_item_pass), item_passes), "(prefill passes, item passes) under a budget of {max_tokens}");
+        // The query was cached once its tail ran: the same request again is a hit.
+        assert_eq!(scored(&mut scorer, &[&input]).remove(0).prefix_cache, PrefixCacheUse::Hit);
+    }
 
     // 1,536 tokens of whole chunks, prefilled in three passes, and a last chunk of the rest:
     // in the item pass under the default budget, prefilled too where half of 64 tokens is less.

@@ -67,16 +67,17 @@ impl<B: ScoringBackend> BatchQueries<B> {
 
 /// The queries of a batch (`None`: a request without one), each taken from the cache or
 /// prefilled, cache misses together. Distinct queries are computed once; each prefill pass holds
-/// at most `max_tokens` query tokens (at least one query). Where the misses' last chunks come
-/// to at most `tail_tokens` in all, they are left as tails for the batch's first item pass (no
-/// pass of their own: a request whose query is cached but for a new suffix is then one pass).
+/// at most `max_tokens` query tokens (at least one query). Where the first item pass has room
+/// for the misses' last chunks (`tails_fit` of their tokens in all), they are left as tails for
+/// it (no pass of their own: a request whose query is cached but for a new suffix is then one
+/// pass).
 pub fn prefill_queries<B: ScoringBackend>(
     model: &DecoderModel<B>,
     cache: &mut PrefixLru<B>,
     stats: &EngineStats,
     queries: &[Option<&[u32]>],
     max_tokens: usize,
-    tail_tokens: usize,
+    tails_fit: &dyn Fn(usize) -> bool,
 ) -> BatchQueries<B> {
     let mut distinct: Vec<&[u32]> = Vec::new();
     for query in queries.iter().flatten() {
@@ -93,7 +94,7 @@ pub fn prefill_queries<B: ScoringBackend>(
     if !cache.is_enabled() {
         let empty = || model.empty_query();
         let work = distinct.iter().map(|&q| (empty(), q)).collect();
-        done.extend(distinct.iter().copied().zip(prefill_leaving_tails(model, stats, work, max_tokens, tail_tokens)));
+        done.extend(distinct.iter().copied().zip(prefill_leaving_tails(model, stats, work, max_tokens, tails_fit)));
     } else {
         // A query repeated within the batch is a hit, as it would be a request later.
         stats.prefix_cache_hits.fetch_add((queries.iter().flatten().count() - distinct.len()) as u64, Relaxed);
@@ -137,7 +138,7 @@ pub fn prefill_queries<B: ScoringBackend>(
         // A query a part of this batch turned out to cover whole is a view of that part: not
         // stored again (the cache would count a view's bytes, not the buffer it keeps alive).
         let computed: Vec<bool> = work.iter().map(|(_, rest)| !rest.is_empty()).collect();
-        for ((&query, (kv, tail)), computed) in missed.iter().zip(prefill_leaving_tails(model, stats, work, max_tokens, tail_tokens)).zip(computed) {
+        for ((&query, (kv, tail)), computed) in missed.iter().zip(prefill_leaving_tails(model, stats, work, max_tokens, tails_fit)).zip(computed) {
             if !tail.is_empty() {
                 to_cache.push(query);
             } else if computed {
@@ -189,11 +190,11 @@ fn resume_point<'q, B: ScoringBackend>(model: &DecoderModel<B>, cache: &mut Pref
 }
 
 /// Extends each `(base, tokens)` by its tokens but the last chunk (1 to [`PREFILL_CHUNK`] tokens,
-/// the chunk a prefill would end with), which is left as its tail, where the last chunks come
-/// to at most `tail_tokens` in all; by all of them, leaving no tail, where they do not.
-fn prefill_leaving_tails<'q, B: ScoringBackend>(model: &DecoderModel<B>, stats: &EngineStats, work: Vec<(QueryKv<B>, &'q [u32])>, max_tokens: usize, tail_tokens: usize) -> Vec<(QueryKv<B>, &'q [u32])> {
+/// the chunk a prefill would end with), which is left as its tail, where `tails_fit` the last
+/// chunks' tokens in all; by all of them, leaving no tail, where it does not.
+fn prefill_leaving_tails<'q, B: ScoringBackend>(model: &DecoderModel<B>, stats: &EngineStats, work: Vec<(QueryKv<B>, &'q [u32])>, max_tokens: usize, tails_fit: &dyn Fn(usize) -> bool) -> Vec<(QueryKv<B>, &'q [u32])> {
     let last_chunks: usize = work.iter().map(|(_, tokens)| tokens.len() - aligned_len(tokens)).sum();
-    let leave_tails = last_chunks <= tail_tokens;
+    let leave_tails = last_chunks > 0 && tails_fit(last_chunks);
     let (work, tails): (Vec<_>, Vec<_>) = work
         .into_iter()
         .map(|(base, tokens)| {

@@ -228,17 +228,25 @@ impl<B: ScoringBackend> Scorer<B> {
     async fn score_batch_while_async(&mut self, inputs: &[&ScoreInput], wanted: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Scored>>, EngineError> {
         let mut dropped: Vec<bool> = (0..inputs.len()).map(|r| !wanted(r)).collect();
         let wanted_queries: Vec<Option<&[u32]>> = inputs.iter().zip(&dropped).map(|(input, &dropped)| (!input.item_first && !dropped).then_some(&*input.query)).collect();
+        let items = BatchItems::new(inputs);
+        let shapes = items.shapes(inputs, &wanted_queries);
         let budget = self.pass_budget();
-        // The queries' last chunks run in the first item pass where it has room for them (on
-        // the routes that keep no score matrix, whose cells the planner would have to count).
-        let tail_tokens = if self.model.routes().attention.scores_in_memory() { 0 } else { budget.max_tokens / 2 };
-        let mut queries = prefill_queries(&self.model, &mut self.prefix_cache, &self.stats, &wanted_queries, self.options.pass_budget.max_tokens, tail_tokens);
-        let items = BatchItems::new(inputs, &queries.of_request);
-        // Every pass leaves room for the tails, which the first one runs.
-        let budget = PassBudget { max_tokens: budget.max_tokens.saturating_sub(queries.queries.tail_tokens()).max(1), ..budget };
+        let passes = plan_passes(&shapes, budget);
+        // The queries' last chunks run in the first item pass where it has room for them: every
+        // pass then leaves room for them, so they go in only where the items still take as many
+        // passes, and at most half of one (and only on the routes that keep no score matrix,
+        // whose cells the planner would have to count).
+        let with_tails = |tail_tokens: usize| PassBudget { max_tokens: budget.max_tokens.saturating_sub(tail_tokens).max(1), ..budget };
+        let tails_fit = |tail_tokens: usize| {
+            !self.model.routes().attention.scores_in_memory() && tail_tokens <= budget.max_tokens / 2 && plan_passes(&shapes, with_tails(tail_tokens)).len() == passes.len()
+        };
+        let mut queries = prefill_queries(&self.model, &mut self.prefix_cache, &self.stats, &wanted_queries, self.options.pass_budget.max_tokens, &tails_fit);
+        let tail_tokens = queries.queries.tail_tokens();
+        let passes = if tail_tokens == 0 { passes } else { plan_passes(&shapes, with_tails(tail_tokens)) };
+        let query_of: Vec<usize> = queries.of_request.iter().map(|&(query, _)| query).collect();
 
         let mut scores: Vec<Vec<Vec<f64>>> = inputs.iter().map(|input| vec![Vec::new(); input.items.len()]).collect();
-        for mut pass in plan_passes(&items.shapes(inputs, &queries.queries), budget) {
+        for mut pass in passes {
             for (r, dropped) in dropped.iter_mut().enumerate() {
                 *dropped = *dropped || !wanted(r);
             }
@@ -247,7 +255,7 @@ impl<B: ScoringBackend> Scorer<B> {
                 continue;
             }
             self.stats.pass_items.observe(pass.len() as f64);
-            for (entry, row) in self.score_pass(&mut queries.queries, inputs, &items, pass).await? {
+            for (entry, row) in self.score_pass(&mut queries.queries, &query_of, inputs, &items, pass).await? {
                 let (r, i) = items.entries[entry];
                 scores[r][i] = row;
             }
@@ -259,15 +267,16 @@ impl<B: ScoringBackend> Scorer<B> {
     }
 
     /// One forward pass over `pass` (entries of `items`), the batch's query tails first if any
-    /// are left: each item's label probabilities, by entry.
-    async fn score_pass(&self, queries: &mut QueryBatch<B>, inputs: &[&ScoreInput], items: &BatchItems<'_>, mut pass: Vec<usize>) -> Result<Vec<(usize, Vec<f64>)>, EngineError> {
+    /// are left: each item's label probabilities, by entry. Request `r` reads query
+    /// `query_of[r]` of `queries`.
+    async fn score_pass(&self, queries: &mut QueryBatch<B>, query_of: &[usize], inputs: &[&ScoreInput], items: &BatchItems<'_>, mut pass: Vec<usize>) -> Result<Vec<(usize, Vec<f64>)>, EngineError> {
         // Items of one request must be adjacent: they form one prefix group.
         pass.sort_by_key(|&e| items.entries[e].0);
         let runs: Vec<&[usize]> = pass.chunk_by(|&a, &b| items.entries[a].0 == items.entries[b].0).collect();
         let request_of = |run: &[usize]| items.entries[run[0]].0;
         let groups: Vec<ItemGroup> = runs
             .iter()
-            .map(|run| ItemGroup { query: items.query_of[request_of(run)], items: run.iter().map(|&e| &*items.sequences[request_of(run)][items.entries[e].1]).collect() })
+            .map(|run| ItemGroup { query: query_of[request_of(run)], items: run.iter().map(|&e| &*items.sequences[request_of(run)][items.entries[e].1]).collect() })
             .collect();
         let hidden = self.model.last_hidden(queries, &groups);
         let row_labels: Vec<&[u32]> = runs.iter().flat_map(|run| std::iter::repeat_n(&*inputs[request_of(run)].labels, run.len())).collect();
@@ -307,13 +316,10 @@ struct BatchItems<'a> {
     sequences: Vec<Vec<Cow<'a, [u32]>>>,
     /// (request, item) of every item of the batch: the planner's entries.
     entries: Vec<(usize, usize)>,
-    /// Per request: its query in the batch's [`QueryBatch`].
-    query_of: Vec<usize>,
 }
 
 impl<'a> BatchItems<'a> {
-    /// `of_request[r].0`: request `r`'s query in the batch's [`QueryBatch`].
-    fn new(inputs: &[&'a ScoreInput], of_request: &[(usize, PrefixCacheUse)]) -> Self {
+    fn new(inputs: &[&'a ScoreInput]) -> Self {
         let sequences: Vec<Vec<Cow<[u32]>>> = inputs
             .iter()
             .map(|input| {
@@ -325,14 +331,15 @@ impl<'a> BatchItems<'a> {
             })
             .collect();
         let entries = sequences.iter().enumerate().flat_map(|(r, items)| (0..items.len()).map(move |i| (r, i))).collect();
-        BatchItems { sequences, entries, query_of: of_request.iter().map(|&(query, _)| query).collect() }
+        BatchItems { sequences, entries }
     }
 
-    /// What the pass planner needs of each entry.
-    fn shapes<B: Backend>(&self, inputs: &[&ScoreInput], queries: &QueryBatch<B>) -> Vec<ItemShape> {
+    /// What the pass planner needs of each entry; `queries[r]`: the query request `r`'s items
+    /// attend to (`None`: none).
+    fn shapes(&self, inputs: &[&ScoreInput], queries: &[Option<&[u32]>]) -> Vec<ItemShape> {
         self.entries
             .iter()
-            .map(|&(r, i)| ItemShape { prefix_len: queries.query_len(self.query_of[r]), len: self.sequences[r][i].len(), group: r, labels: inputs[r].labels.len() })
+            .map(|&(r, i)| ItemShape { prefix_len: queries[r].map_or(0, <[u32]>::len), len: self.sequences[r][i].len(), group: r, labels: inputs[r].labels.len() })
             .collect()
     }
 }
