@@ -1,7 +1,7 @@
 //! Rotary position embedding in transformers' rotate-half layout, for arbitrary per-token
 //! positions (items restart after the query), with any scaling folded into the frequencies.
 
-use burn::tensor::{backend::Backend, Tensor, TensorData};
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
 /// `cos`/`sin` tables, `[tokens, 1, head_dim]`, broadcast over heads.
 pub(crate) struct Rope<B: Backend> {
@@ -25,18 +25,13 @@ impl<B: Backend> Rope<B> {
             cos_rows.extend(angles.iter().chain(&angles).map(|a| a.cos() as f32));
             sin_rows.extend(angles.iter().chain(&angles).map(|a| a.sin() as f32));
         }
-        let table = |rows: &[f32]| {
-            let values: Vec<f32> = positions
-                .iter()
-                .flat_map(|p| {
-                    let row = distinct.binary_search(p).expect("every position is in the table");
-                    &rows[row * head_dim..(row + 1) * head_dim]
-                })
-                .copied()
-                .collect();
-            Tensor::from_data(TensorData::new(values, [positions.len(), 1, head_dim]), device)
-        };
-        Rope { cos: table(&cos_rows), sin: table(&sin_rows) }
+        // Each token's row of the distinct positions' tables, gathered on the device: a pass's
+        // tables are `tokens × head_dim` (S1: 10,020 × 128 each), its distinct positions few
+        // (S1: 40), so the host builds and uploads only those.
+        let rows: Vec<i64> = positions.iter().map(|p| distinct.binary_search(p).expect("every position is in the table") as i64).collect();
+        let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [positions.len()]), device);
+        let table = |values: Vec<f32>| Tensor::<B, 3>::from_data(TensorData::new(values, [distinct.len(), 1, head_dim]), device).select(0, rows.clone());
+        Rope { cos: table(cos_rows), sin: table(sin_rows) }
     }
 
     /// The `cos` and `sin` tables: `x·cos + rotate_half(x)·sin` is the rotation (see

@@ -131,12 +131,6 @@ impl<B: ScoringBackend> DecoderModel<B> {
         caches
     }
 
-    /// The queries of a batch of requests, for every pass of [`Self::last_hidden`] over their
-    /// items (see [`QueryBatch`]).
-    pub fn query_batch(&self, queries: Vec<QueryKv<B>>) -> QueryBatch<B> {
-        QueryBatch::new(queries)
-    }
-
     /// Final-normed hidden state at the last token of each item, `[items, hidden]`, items in
     /// group order. Item token `k` sits at position `query.len() + k` and sees its group's
     /// query (in `queries`) and its own item only. Groups of different requests share the
@@ -213,7 +207,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
         tokens: &[u32],
         layout: &ItemLayout,
         prefix_spans: &[(usize, usize)],
-        prefix: &mut dyn FnMut(usize, &Tensor<B, 3>, &Tensor<B, 3>) -> PrefixKv<B>,
+        prefix: &mut LayerPrefix<'_, B>,
         keep: Option<Tensor<B, 1, Int>>,
     ) -> Option<Tensor<B, 2>> {
         let c = &self.config;
@@ -250,7 +244,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
             // queries' norm if that op comes before it (ones the warm-up never met).
             let q = (!last || keep.is_some()).then(|| steps.norm_rope(q, q_norm, &rope));
             let layer_prefix = prefix(index, &k, &v);
-            let Some(q) = q else { return None };
+            let q = q?;
             let mut attended = attention.run(q, k, v, &layer_prefix).reshape([count, q_width]);
             if let (Some(rows), true) = (&keep, last) {
                 // Past the last attention, rows no longer mix: only the kept ones go on.
@@ -271,6 +265,10 @@ impl<B: ScoringBackend> DecoderModel<B> {
         keep.map(|rows| if self.layers.is_empty() { hidden.select(0, rows) } else { hidden })
     }
 }
+
+/// What a pass's layer `layer` attends to as prefixes, given the layer's keys and values of every
+/// row of the pass (see [`DecoderModel::forward`]).
+type LayerPrefix<'a, B> = dyn FnMut(usize, &Tensor<B, 3>, &Tensor<B, 3>) -> PrefixKv<B> + 'a;
 
 /// The tails of a [`QueryBatch`] as one pass runs them: each layer, each tail's K/V joins its
 /// query's K/V so far, and the queries, whole, join end to end as the layer's prefix.
