@@ -165,14 +165,14 @@ impl<B: ScoringBackend> DecoderModel<B> {
     /// last row of each of the `kept_items` last items (`None`: a pass of tails alone, which
     /// keeps only K/V, in `queries`).
     fn run_pass(&self, queries: &mut QueryBatch<B>, groups: &[ItemGroup<'_>], kept_items: Option<usize>) -> Option<Tensor<B, 2>> {
-        let tails: Vec<(usize, Vec<u32>)> = queries.parts().enumerate().filter(|(_, (_, tail))| !tail.is_empty()).map(|(q, (_, tail))| (q, tail.to_vec())).collect();
-        let base_len = |q: usize| queries.query_len(q) - tails.iter().find(|(t, _)| *t == q).map_or(0, |(_, tail)| tail.len());
-        let lens: Vec<Vec<usize>> = tails.iter().map(|(_, tail)| vec![tail.len()]).chain(groups.iter().map(|g| g.items.iter().map(|item| item.len()).collect())).collect();
+        // (query, its length so far, its tail) of each query with a tail left.
+        let tails: Vec<(usize, usize, Vec<u32>)> = queries.parts().enumerate().filter(|(_, (_, tail))| !tail.is_empty()).map(|(q, (so_far, tail))| (q, so_far.len(), tail.to_vec())).collect();
+        let lens: Vec<Vec<usize>> = tails.iter().map(|(_, _, tail)| vec![tail.len()]).chain(groups.iter().map(|g| g.items.iter().map(|item| item.len()).collect())).collect();
         // A tail sits after its query's K/V so far and sees it whole; items see their query whole.
         let prefix_spans: Vec<(usize, usize)> =
-            tails.iter().map(|&(q, _)| (queries.span(q).0, base_len(q))).chain(groups.iter().map(|g| queries.span(g.query))).collect();
+            tails.iter().map(|&(q, so_far, _)| (queries.span(q).0, so_far)).chain(groups.iter().map(|g| queries.span(g.query))).collect();
         let layout = ItemLayout::new(prefix_spans.iter().zip(&lens).map(|(&(_, prefix_len), lens)| (prefix_len, lens.as_slice())));
-        let tokens: Vec<u32> = tails.iter().flat_map(|(_, tail)| tail.iter().copied()).chain(groups.iter().flat_map(|g| g.items.iter().flat_map(|item| item.iter().copied()))).collect();
+        let tokens: Vec<u32> = tails.iter().flat_map(|(_, _, tail)| tail.iter().copied()).chain(groups.iter().flat_map(|g| g.items.iter().flat_map(|item| item.iter().copied()))).collect();
         let keep = kept_items.map(|items| {
             let rows = layout.last_rows();
             let kept: Vec<i64> = rows[rows.len() - items..].iter().map(|&row| row as i64).collect();
@@ -180,7 +180,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
         });
         let mut tail_rows = vec![0..0; queries.parts().count()];
         let mut offset = 0;
-        for (q, tail) in &tails {
+        for (q, _, tail) in &tails {
             tail_rows[*q] = offset..offset + tail.len();
             offset += tail.len();
         }
