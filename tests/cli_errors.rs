@@ -62,6 +62,14 @@ fn unsupported_backend_and_dtype_pairs_are_refused() {
     let out = tally(&["score", "--model", tied.to_str().unwrap(), "--request", "-", "--cublas-ordering", "sync"], &request);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--cublas-ordering applies to --matmul cublas only"));
+    let out = tally(&["score", "--model", tied.to_str().unwrap(), "--request", "-", "--cublas-algos", "8"], &request);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--cublas-algos applies to --matmul cublas only"));
+    for out_of_range in ["0", "17"] {
+        let out = tally(&["score", "--model", tied.to_str().unwrap(), "--request", "-", "--matmul", "cublas", "--cublas-algos", out_of_range], &request);
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--cublas-algos"), "{}", String::from_utf8_lossy(&out.stderr));
+    }
     let out = tally(&["score", "--model", tied.to_str().unwrap(), "--request", "-", "--flush-denormals"], &request);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--flush-denormals is an NVRTC option: it needs --backend cuda"));

@@ -425,6 +425,35 @@ fn cublas_matmuls_match_a_float64_product() {
         }
     }
     set_ordering(CublasOrdering::Stream);
+    cublas_algorithm_search();
+}
+
+/// `--cublas-algos`: a shape class's first GEMM times the heuristic's first candidates on its
+/// own buffers and keeps the fastest, whose product is still the product; a later GEMM of the
+/// class (another `m` under the same power of two) reuses the kept algorithm without a search.
+/// On both orderings, with shapes no other test multiplies (plans are cached for the process).
+#[cfg(feature = "cuda")]
+fn cublas_algorithm_search() {
+    use tally_shaders::cublas::{profile_table, set_algo_candidates, set_ordering, CublasOrdering};
+    set_algo_candidates(4);
+    for (ordering, n) in [(CublasOrdering::Stream, 520), (CublasOrdering::HostSync, 264)] {
+        set_ordering(ordering);
+        for (seed, m) in [(90, 300), (91, 400)] {
+            let (batch, k) = (1, 136);
+            let lhs = random(seed, batch * m * k, 1.0);
+            let rhs = random(seed + 10, batch * k * n, 1.0);
+            let expected = host_matmul(&lhs, &rhs, [batch, m, k, n], true);
+            let (a, b) = matmul_operands::<Gpu>(&lhs, &rhs, [batch, m, k, n], true);
+            let product = tally_shaders::cublas::matmul(cube(a), cube(b)).expect("cuBLASLt multiplies these shapes");
+            assert_close(&host(Tensor::<Gpu, 3>::from_primitive(TensorPrimitive::Float(product))), &expected, 2e-5, &format!("cuBLASLt after an algorithm search, m {m}, n {n}, {ordering:?}"));
+        }
+        let table = profile_table().expect("GEMMs ran");
+        let searched = |m: usize| table.lines().skip_while(|line| !line.starts_with("cuBLASLt algorithm searches")).any(|line| line.starts_with(&format!("| {m} | {n} | 136 | 1 |")));
+        assert!(searched(300), "the class's first GEMM is searched ({ordering:?}):\n{table}");
+        assert!(!searched(400), "the class's second GEMM reuses the kept algorithm ({ordering:?}):\n{table}");
+    }
+    set_ordering(CublasOrdering::Stream);
+    set_algo_candidates(1);
 }
 
 #[cfg(feature = "cuda")]

@@ -153,9 +153,11 @@ make_model() { [ -f $model/config.json ] || "$cuda" make-model --preset $preset 
 # the device's free memory: S1's 10,020 item tokens are one pass), then for each matmul route S1
 # split into passes of the old fixed budget (8,192 tokens: two passes), to see what one pass buys,
 # and S1 with Burn's fused elementwise ops in place of tally's kernels (CUDA's default).
-# TALLY_SUITE_SCENARIO_EXTRAS names which of the three comparisons run (default all: split,
-# elementwise-burn, cublas-sync); a lease that measured them once can spend the time elsewhere.
-scenario_extras=${TALLY_SUITE_SCENARIO_EXTRAS-split elementwise-burn cublas-sync}
+# TALLY_SUITE_SCENARIO_EXTRAS names which of the comparisons run (default all: split,
+# elementwise-burn, cublas-sync, cublas-algos); a lease that measured them once can spend the time
+# elsewhere. cublas-algos: each GEMM shape class's algorithm the fastest of cuBLASLt's first 8
+# heuristic picks, timed (the search's table goes to the log and to a .stdout beside the JSON).
+scenario_extras=${TALLY_SUITE_SCENARIO_EXTRAS-split elementwise-burn cublas-sync cublas-algos}
 has_extra() { [[ " $scenario_extras " == *" $1 "* ]]; }
 scenario_stage() {
     make_model || return 1
@@ -186,6 +188,9 @@ scenario_stage() {
             # cuBLASLt on CubeCL's stream against the same GEMMs with host syncs around each.
             [ "$matmul" = cublas ] && has_extra cublas-sync && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags cublas-sync) "${tile_flags[@]}" --out "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-sync.json" || ok=1; }
+            [ "$matmul" = cublas ] && has_extra cublas-algos && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+                --attention $first_attention --matmul cublas --cublas-algos 8 "${tile_flags[@]}" --out "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-algos8.json" \
+                | tee "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-algos8.stdout" || ok=1; }
         done
     done
     return $ok

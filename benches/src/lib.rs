@@ -37,7 +37,8 @@ pub struct RunsOn {
     pub elementwise: String,
     /// The tile attention kernels' tile, `ROWSxKEYS`.
     pub tile: String,
-    /// Which library multiplies: `cubecl` or `cublas`.
+    /// Which library multiplies: `cubecl` or `cublas` (`cublas-sync`: host-synced; `cublas-algosN`:
+    /// the fastest of the heuristic's first N algorithms).
     pub matmul: String,
     /// CUDA kernels compiled with denormals flushed to zero (`--flush-denormals`).
     pub flush_denormals: bool,

@@ -139,6 +139,11 @@ pub struct DeviceArgs {
     /// How `--matmul cublas` orders its GEMMs with CubeCL's kernels (default: stream).
     #[arg(long, value_enum)]
     pub cublas_ordering: Option<CublasOrdering>,
+    /// With `--matmul cublas`: time the first N of cuBLASLt's heuristic algorithms on each GEMM
+    /// shape class's first GEMM (the pass's rows rounded up to a power of two) and keep the
+    /// fastest (default 1: the heuristic's first, untimed).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=16))]
+    pub cublas_algos: Option<u8>,
     #[arg(long, value_enum, default_value_t = Elementwise::Auto)]
     pub elementwise: Elementwise,
     #[arg(long, value_enum, default_value_t = Weights::Compact)]
@@ -257,11 +262,13 @@ impl DeviceArgs {
         }
     }
 
-    /// `--matmul` as results name it: `cublas-sync` for cuBLASLt with host syncs.
+    /// `--matmul` as results name it: `cublas-sync` for cuBLASLt with host syncs, `cublas-algosN`
+    /// with an algorithm search.
     pub fn matmul_label(&self) -> String {
-        match (self.matmul(), self.cublas_ordering) {
-            (Matmul::Cublas, Some(CublasOrdering::Sync)) => "cublas-sync".to_owned(),
-            (matmul, _) => format!("{matmul:?}").to_lowercase(),
+        match (self.matmul(), self.cublas_ordering, self.cublas_algos) {
+            (Matmul::Cublas, Some(CublasOrdering::Sync), _) => "cublas-sync".to_owned(),
+            (Matmul::Cublas, _, Some(algos)) if algos > 1 => format!("cublas-algos{algos}"),
+            (matmul, ..) => format!("{matmul:?}").to_lowercase(),
         }
     }
 
@@ -286,8 +293,8 @@ pub trait WithBackend {
 }
 
 pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output> {
-    let DeviceArgs { backend, dtype, cublas_ordering, flush_denormals, .. } = device;
-    pick_matmul(backend, device.matmul(), cublas_ordering)?;
+    let DeviceArgs { backend, dtype, flush_denormals, .. } = device;
+    pick_matmul(&device)?;
     if flush_denormals {
         anyhow::ensure!(backend == BackendKind::Cuda, "--flush-denormals is an NVRTC option: it needs --backend cuda");
         #[cfg(feature = "cuda")]
@@ -316,8 +323,10 @@ pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output>
 
 /// Sets the process's matmul route, or says why `--matmul block` or `--matmul cublas` cannot
 /// run on this backend.
-fn pick_matmul(backend: BackendKind, matmul: Matmul, cublas_ordering: Option<CublasOrdering>) -> Result<()> {
-    anyhow::ensure!(matmul == Matmul::Cublas || cublas_ordering.is_none(), "--cublas-ordering applies to --matmul cublas only");
+fn pick_matmul(device: &DeviceArgs) -> Result<()> {
+    let (backend, matmul) = (device.backend, device.matmul());
+    anyhow::ensure!(matmul == Matmul::Cublas || device.cublas_ordering.is_none(), "--cublas-ordering applies to --matmul cublas only");
+    anyhow::ensure!(matmul == Matmul::Cublas || device.cublas_algos.is_none(), "--cublas-algos applies to --matmul cublas only");
     match matmul {
         Matmul::Cubecl | Matmul::Auto => return Ok(()),
         Matmul::Block => {
@@ -335,10 +344,11 @@ fn pick_matmul(backend: BackendKind, matmul: Matmul, cublas_ordering: Option<Cub
             "--matmul cublas: libcublasLt could not be loaded; put the CUDA toolkit's lib directory on LD_LIBRARY_PATH"
         );
         tally_model::set_matmul_route(tally_model::MatmulRoute::Cublas);
-        tally_model::cublas::set_ordering(match cublas_ordering.unwrap_or(CublasOrdering::Stream) {
+        tally_model::cublas::set_ordering(match device.cublas_ordering.unwrap_or(CublasOrdering::Stream) {
             CublasOrdering::Stream => tally_model::cublas::CublasOrdering::Stream,
             CublasOrdering::Sync => tally_model::cublas::CublasOrdering::HostSync,
         });
+        tally_model::cublas::set_algo_candidates(device.cublas_algos.map_or(1, usize::from));
     }
     Ok(())
 }
@@ -402,6 +412,7 @@ mod tests {
             attention: Attention::Auto,
             matmul: Matmul::Auto,
             cublas_ordering: None,
+            cublas_algos: None,
             elementwise: Elementwise::Auto,
             weights: Weights::Compact,
             tile_rows: None,
@@ -438,5 +449,9 @@ mod tests {
         assert_eq!((asked.attention(), asked.matmul(), asked.elementwise()), (Attention::Kernel, Matmul::Cubecl, Elementwise::Burn));
         assert_eq!(asked.tile().to_string(), "64x64, 2 stages, ldmatrix, cp-async, 32 rows a warp", "the keys not asked for keep CUDA's default");
         assert_eq!(asked.matmul_label(), "cubecl");
+        let cublas = |cublas_ordering, cublas_algos| DeviceArgs { matmul: Matmul::Cublas, cublas_ordering, cublas_algos, ..auto(BackendKind::Cuda) }.matmul_label();
+        assert_eq!(cublas(None, Some(8)), "cublas-algos8");
+        assert_eq!(cublas(None, Some(1)), "cublas", "one candidate is no search");
+        assert_eq!(cublas(Some(CublasOrdering::Sync), None), "cublas-sync");
     }
 }
