@@ -636,7 +636,7 @@ fn search_row(search: &AlgoSearch) -> String {
 
 /// The GEMM rows of [`profile_table`] as markdown, slowest shape first.
 fn gemm_table(mut rows: Vec<(Duration, usize, usize, usize, usize, u64, f64)>) -> String {
-    rows.sort_by(|a, b| b.0.cmp(&a.0));
+    rows.sort_by_key(|row| std::cmp::Reverse(row.0));
     let total: Duration = rows.iter().map(|r| r.0).sum();
     let timing = match ordering() {
         CublasOrdering::Stream => "on CubeCL's stream, GPU time between events",
