@@ -129,3 +129,35 @@ fn the_ncu_table_groups_launches_by_kernel_and_weights_by_duration() {
     let out = std::process::Command::new("python3").arg(script).arg(&csv).output().expect("python3 runs");
     assert!(!out.status.success(), "a report with no launches is a failed stage");
 }
+
+/// `benches/gpu/profile_table.py` on CubeCL's profile log (kernel names holding `|`, the last
+/// table the one read), `bench scenario`'s cuBLASLt table and an unprofiled warm request's JSON:
+/// the kernels' and GEMMs' sum against the request's wall time, and a clear line where that
+/// request is missing.
+#[test]
+fn the_profile_table_sets_the_gpus_busy_time_against_a_warm_requests_wall_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("cubecl.log");
+    let table = |flash_ms: &str| {
+        format!("| Name | Duration | Num Computed | Ratio |\n|---|---|---|---|\n| flash_attention_kernel | Cuda | bf16 | {flash_ms} | 28 | 85% |\n| add_rms_norm_kernel | 10.500ms | 57 | 15% |\n| Total | 70.000ms | 85 | 100% |\n")
+    };
+    std::fs::write(&log, format!("an earlier sync's table\n{}\nthe profiled request's\n{}", table("900.000ms"), table("59.500ms"))).unwrap();
+    let stdout = dir.path().join("scenario.stdout");
+    std::fs::write(&stdout, "scenario S1\ncuBLASLt GEMMs (on CubeCL's stream, GPU time between events): 30.0 ms in all\n| m | n | k | batch | calls | ms | TFLOP/s |\n").unwrap();
+    let warm = dir.path().join("scenario-s1.json");
+    std::fs::write(&warm, r#"{"warm_median": {"total_seconds": 0.125}}"#).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/gpu/profile_table.py");
+    let run = |warm: &std::path::Path| {
+        let out = std::process::Command::new("python3").arg(script).arg(&log).arg("--stdout").arg(&stdout).arg("--warm-json").arg(warm).output().expect("python3 runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let report = run(&warm);
+    assert!(report.contains("CubeCL kernels: 70.0 ms over 85 launches, 2 distinct kernels."), "{report}");
+    assert!(report.contains("| 1 | `flash_attention_kernel / Cuda / bf16` | 59.50 | 28 | 85.0 % |"), "{report}");
+    assert!(report.contains("cuBLASLt GEMMs (on CubeCL's stream"), "{report}");
+    // 70 + 30 = 100 ms busy of 125: 25 ms (20 %) idle.
+    assert!(report.contains("CubeCL kernels 70.0 ms + cuBLASLt GEMMs 30.0 ms = 100.0 ms of an unprofiled warm request's 125.0 ms (scenario-s1.json): 25.0 ms (20 %)"), "{report}");
+    let report = run(&dir.path().join("absent.json"));
+    assert!(report.contains("GPU busy against wall time: no warm request to compare with"), "{report}");
+}

@@ -4,10 +4,15 @@
 CubeCL (`CUBECL_DEBUG_OPTION=profile`) prints its cumulative per-kernel table at every sync; the
 last one in the log covers the whole process. cuBLASLt GEMMs are not CubeCL kernels: tally prints
 their table itself (`cuBLASLt GEMMs (...): ...`) at the end of `bench scenario`, and it is appended.
+With `--warm-json`, an unprofiled run's scenario JSON of the same route, the kernels' and GEMMs'
+GPU time is set against its warm request's wall time: what is left is time the GPU waited (for
+the host's launches and work between passes, or syncs), which no per-kernel table shows.
 
-    profile_table.py CUBECL_LOG [--stdout SCENARIO_STDOUT] [--top 20] [--out profile.md]
+    profile_table.py CUBECL_LOG [--stdout SCENARIO_STDOUT] [--warm-json SCENARIO_JSON] [--top 20] [--out profile.md]
 """
 import argparse
+import json
+import os
 import re
 import sys
 
@@ -52,12 +57,27 @@ def category(name):
     return "other"
 
 
+def busy_line(kernel_ms, gemm_ms, warm_json):
+    """The GPU's busy time in the profiled request against an unprofiled warm request's wall time."""
+    try:
+        with open(warm_json) as f:
+            wall_ms = json.load(f)["warm_median"]["total_seconds"] * 1e3
+    except (OSError, ValueError, KeyError, TypeError) as failure:
+        return f"GPU busy against wall time: no warm request to compare with ({warm_json}: {failure!r})."
+    busy_ms = kernel_ms + (gemm_ms or 0.0)
+    parts = f"CubeCL kernels {kernel_ms:.1f} ms" + (f" + cuBLASLt GEMMs {gemm_ms:.1f} ms" if gemm_ms is not None else "")
+    return (f"GPU busy against wall time: {parts} = {busy_ms:.1f} ms of an unprofiled warm request's {wall_ms:.1f} ms "
+            f"({os.path.basename(warm_json)}): {wall_ms - busy_ms:.1f} ms ({100 * (wall_ms - busy_ms) / wall_ms:.0f} %) the GPU ran none of them "
+            "(host work between passes, launches it waited for, syncs; profiling's own syncs make the kernels' sum an upper bound).")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("log")
     parser.add_argument("--stdout", help="the scenario's stdout, for tally's cuBLASLt table")
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--title", default="Profile")
+    parser.add_argument("--warm-json", help="an unprofiled scenario run of the same route, for its warm request's wall time")
     parser.add_argument("--out")
     args = parser.parse_args()
 
@@ -83,12 +103,17 @@ def main():
         out += ["", "| category | ms | share |", "|---|---|---|"]
         for label, ms in sorted(by_category.items(), key=lambda kv: -kv[1]):
             out.append(f"| {label} | {ms:.2f} | {100 * ms / total:.1f} % |")
+    gemm_ms = None
     if args.stdout:
         with open(args.stdout, errors="replace") as f:
             text = f.read()
         start = text.rfind("cuBLASLt GEMMs")
         if start >= 0:
             out += ["", text[start:].strip()]
+            total = re.match(r"cuBLASLt GEMMs \([^)]*\): ([0-9.]+) ms in all", text[start:])
+            gemm_ms = float(total.group(1)) if total else None
+    if args.warm_json and rows:
+        out += ["", busy_line(sum(ms for _, ms, _ in rows), gemm_ms, args.warm_json)]
     report = "\n".join(out) + "\n"
     if args.out:
         with open(args.out, "w") as f:

@@ -199,8 +199,9 @@ scenario_stage() {
 # One warm S1 request split by kernel, per matmul route: a cold and a warm request, then the
 # profiled one (`--profiled-request`: its query a prefix-cache hit, as in a warm request, between
 # two device syncs) whose CubeCL per-kernel table (printed and reset at each sync) and cuBLASLt
-# table (reset as it starts) cover it alone; top 20 as markdown. Should no table come out, the
-# log's tail stays beside it.
+# table (reset as it starts) cover it alone; top 20 as markdown, and their sum against the
+# scenario stage's unprofiled warm request of the same route (the time the GPU ran none of them).
+# Should no table come out, the log's tail stays beside it.
 profile_stage() {
     make_model || return 1
     local ok=0 dtype=${gpu_dtypes##* } attention=${attentions%% *}
@@ -208,7 +209,7 @@ profile_stage() {
         local name=profile-s1-$gpu-$dtype-$attention-$matmul
         CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG=$bin/$name.log "$cuda" bench scenario --model $model --scenario s1 --items $items --requests 2 --profiled-request \
             --backend $gpu --dtype $dtype --attention $attention $(matmul_flags $matmul) "${tile_flags[@]}" >"$out/$name.stdout" || ok=1
-        python3 benches/gpu/profile_table.py $bin/$name.log --stdout "$out/$name.stdout" --title "S1, one warm request, $gpu $dtype, $attention attention, $matmul matmuls" --out "$out/$name.md" \
+        python3 benches/gpu/profile_table.py $bin/$name.log --stdout "$out/$name.stdout" --warm-json "$out/scenario-s1-$gpu-$dtype-$attention-$matmul.json" --title "S1, one warm request, $gpu $dtype, $attention attention, $matmul matmuls" --out "$out/$name.md" \
             || { ok=1; tail -c 200000 $bin/$name.log >"$out/$name.log-tail"; }
         rm -f $bin/$name.log
     done
