@@ -258,6 +258,38 @@ fn silu_mul_matches_float64() {
     }
 }
 
+/// The cascade's row softmax with its log-sum-exp against float64 on the host: row widths just
+/// under, at and past the kernel's unit counts (a power of two up to 256 a row) and S1's
+/// 2,020-key prefix; scores up to ±40 (an exponential of them overflows float32 unless the
+/// maximum comes off first) and masked (−∞) keys as the causal bias makes them, every row
+/// keeping one finite score.
+fn softmax_lse_matches_float64() {
+    for (seed, &(rows, width)) in [(1, 1), (3, 2), (5, 15), (2, 16), (4, 17), (7, 255), (3, 256), (2, 257), (9, 2020), (2, 5000), (600, 20)].iter().enumerate() {
+        let mut scores = random(700 + seed as u64, rows * width, 40.0);
+        for row in 0..rows {
+            // Row r masks its keys past r % width: the causal bias's pattern.
+            for key in row % width + 1..width {
+                scores[row * width + key] = f32::NEG_INFINITY;
+            }
+        }
+        let (mut expected_weights, mut expected_lse) = (vec![0f32; rows * width], vec![0f32; rows]);
+        for row in 0..rows {
+            let values: Vec<f64> = scores[row * width..(row + 1) * width].iter().map(|&v| v as f64).collect();
+            let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = max + values.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+            expected_lse[row] = lse as f32;
+            for (key, value) in values.iter().enumerate() {
+                expected_weights[row * width + key] = (value - lse).exp() as f32;
+            }
+        }
+        let (weights, lse) = tally_shaders::softmax_lse(cube(tensor::<Gpu, 2>(&scores, [rows, width])));
+        let host_of = |t| host(Tensor::<Gpu, 2>::from_primitive(TensorPrimitive::Float(t)));
+        let what = format!("{rows} rows of {width}");
+        assert_close(&host_of(weights), &expected_weights, 1e-5, &format!("weights, {what}"));
+        assert_close(&host_of(lse), &expected_lse, 1e-5, &format!("log-sum-exp, {what}"));
+    }
+}
+
 /// Label log-probabilities over a vocabulary of three chunks (the last one partial), labels in
 /// the first, middle and last chunk and on a chunk edge; rows with different label counts.
 fn label_logprobs_stream_the_vocabulary() {
@@ -328,7 +360,9 @@ fn label_logprobs_past_the_largest_one_dimensional_grid() {
     assert_close(&got, &expected, 1e-4, "16.8 M label cells");
 }
 
-fn the_plain_cascade_on_the_gpu_matches_the_cpu() {
+/// The cascade in Burn's ops, and with tally's softmax kernel (the elementwise kernels' route),
+/// on the cube backend and through fusion, against float64.
+fn the_cascade_on_the_gpu_matches_the_cpu() {
     // Items of different lengths, padded to the longest inside the cascade. The single KV head
     // with 8 items was off by 0.5 through fusion (burn-fusion 0.21 mis-fused the softmax's
     // division after the matmul; see `softmax_times_values`); head_dim 24 against a long prefix
@@ -347,6 +381,8 @@ fn the_plain_cascade_on_the_gpu_matches_the_cpu() {
         let expected = case.expected(11);
         assert_close(&case.plain_on::<Gpu>(11), &expected, 1e-4, &format!("cube backend, {}", case.name()));
         assert_close(&case.plain_on::<Fused>(11), &expected, 1e-4, &format!("fusion, {}", case.name()));
+        assert_close(&case.routed_on::<Gpu>(11, AttentionRoute::Cascade), &expected, 1e-4, &format!("cube backend, softmax kernel, {}", case.name()));
+        assert_close(&case.routed_on::<Fused>(11, AttentionRoute::Cascade), &expected, 1e-4, &format!("fusion, softmax kernel, {}", case.name()));
     }
 }
 
@@ -785,10 +821,11 @@ fn main() {
         add_rms_norm_matches_float64,
         norm_rope_matches_float64,
         silu_mul_matches_float64,
+        softmax_lse_matches_float64,
         label_logprobs_stream_the_vocabulary,
         every_label_is_scored_past_the_kernels_units,
         label_logprobs_past_the_largest_one_dimensional_grid,
-        the_plain_cascade_on_the_gpu_matches_the_cpu,
+        the_cascade_on_the_gpu_matches_the_cpu,
         float32_matmuls_stay_float32,
         matmuls_with_an_odd_multiple_of_8_inside_are_right,
         block_matmuls_match_a_float64_product_at_every_block_edge,

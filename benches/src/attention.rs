@@ -7,7 +7,7 @@ use anyhow::{ensure, Result};
 use clap::Args;
 use burn::tensor::{activation::softmax, backend::Backend, ElementConversion, Tensor, TensorData};
 use serde_json::{json, Value};
-use tally_model::{AttentionRoute, ItemLayout, PlannedAttention, PrefixKv, Routes, ScoringBackend, TileShape};
+use tally_model::{AttentionRoute, ElementwiseRoute, ItemLayout, LabelRoute, PlannedAttention, PrefixKv, Routes, ScoringBackend, TileShape};
 
 use crate::rng::Rng;
 use crate::timing::median_seconds;
@@ -82,8 +82,8 @@ impl Route {
 }
 
 /// Times one layer's attention on backend `B`, the routes asked against dense-masked attention.
-/// `tile`: the tile routes' (tiled, flash) tile shape.
-pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: &RunsOn, tile: TileShape) -> Result<Value> {
+/// `tile`: the tile routes' (tiled, flash) tile shape; `elementwise`: the cascade's softmax.
+pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: &RunsOn, tile: TileShape, elementwise: ElementwiseRoute) -> Result<Value> {
     let a = args;
     ensure!(a.items > 0 && a.item_len > 0 && a.iterations > 0, "--items, --item-len and --iterations must be positive");
     ensure!(a.kv_heads > 0 && a.q_heads.is_multiple_of(a.kv_heads), "--q-heads must be a multiple of --kv-heads");
@@ -102,7 +102,8 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
 
     // Planned once per pass in the model, so timed apart from the per-layer run.
     let spans = [(0, a.prefix)];
-    let plan = |route| B::plan_attention(route, &layout, &spans, group, &device);
+    // The cascade's softmax follows the elementwise route, as in the model.
+    let plan = |attention| B::plan_attention(Routes { attention, elementwise, labels: LabelRoute::Kernel }, &layout, &spans, group, &device);
     let mask = dense_mask::<B>(a.prefix, &layout, group, &device);
     let dense = || dense_masked_attention(queries.clone(), keys.clone(), values.clone(), &prefix, mask.clone());
     let routes: Vec<Route> = Route::ALL.into_iter().filter(|route| a.routes.contains(route)).collect();

@@ -52,7 +52,7 @@ impl WithBackend for AttentionCommand {
 
     fn run<B: ScoringBackend>(self, device: B::Device) -> Result<Value> {
         let tile = self.device.tile();
-        tally_bench::attention::run::<B>(&self.bench, device, &runs_on(self.device), tile)
+        tally_bench::attention::run::<B>(&self.bench, device, &runs_on(self.device), tile, self.device.routes().elementwise)
     }
 }
 

@@ -11,6 +11,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use burn_backend::{DType, Shape, TensorMetadata};
 
+use crate::cube_reduce::cube_reduce;
 use crate::grid::{cube_index, cubes};
 
 /// Units per row: a power of two for the tree reductions.
@@ -139,10 +140,9 @@ fn vocab_chunk_kernel<F: Float, I: Numeric>(
         local_max = f32::max(local_max, f32::cast_from(logits[first + column]));
         column += units;
     }
-    reduced[unit] = local_max;
-    reduce_cube(&mut reduced, unit, true);
+    let chunk_max = cube_reduce(&mut reduced, local_max, true);
     let previous_max = running_max[row];
-    let new_max = f32::max(previous_max, reduced[0]);
+    let new_max = f32::max(previous_max, chunk_max);
     sync_cube();
 
     let mut local_sum = f32::new(0.0);
@@ -151,11 +151,10 @@ fn vocab_chunk_kernel<F: Float, I: Numeric>(
         local_sum += f32::exp(f32::cast_from(logits[first + column]) - new_max);
         column += units;
     }
-    reduced[unit] = local_sum;
-    reduce_cube(&mut reduced, unit, false);
+    let chunk_sum = cube_reduce(&mut reduced, local_sum, false);
 
     if unit == 0 {
-        running_sum[row] = running_sum[row] * f32::exp(previous_max - new_max) + reduced[0];
+        running_sum[row] = running_sum[row] * f32::exp(previous_max - new_max) + chunk_sum;
         running_max[row] = new_max;
     }
     let width = labels.shape(1);
@@ -167,25 +166,6 @@ fn vocab_chunk_kernel<F: Float, I: Numeric>(
             label_logits[row * width + slot] = f32::cast_from(logits[first + label - start]);
         }
         slot += units;
-    }
-}
-
-/// Tree reduction of one value per unit (`reduced[unit]`, a power-of-two cube) into
-/// `reduced[0]`: the max, or with `maximum == false` the sum. Every unit may read it after.
-#[cube]
-fn reduce_cube(reduced: &mut SharedMemory<f32>, unit: usize, #[comptime] maximum: bool) {
-    sync_cube();
-    let mut stride = CUBE_DIM_X as usize / 2; // runtime: a comptime value cannot be mutated
-    while stride > 0 {
-        if unit < stride {
-            if maximum {
-                reduced[unit] = f32::max(reduced[unit], reduced[unit + stride]);
-            } else {
-                reduced[unit] += reduced[unit + stride];
-            }
-        }
-        sync_cube();
-        stride /= 2;
     }
 }
 

@@ -7,7 +7,9 @@
 //! - [`label_logprobs`]: the label log-probabilities with a log-sum-exp streamed over
 //!   vocabulary chunks, label gather fused in.
 //! - [`rms_norm`]: residual add + RMSNorm in one pass over each row; [`rope`]: the q/k norm
-//!   and RoPE in one; [`swiglu`]: `silu(gate) · up` straight from the fused gate/up projection.
+//!   and RoPE in one; [`swiglu`]: `silu(gate) · up` straight from the fused gate/up projection;
+//!   [`softmax`]: the cascade's row softmax with its log-sum-exp (`cube_reduce` is their
+//!   shared tree reduction).
 //! - [`stored_matrix`]: weights kept compact on the device (quantised groups, 16-bit floats in
 //!   32-bit words) and the kernel that expands rows of them to float.
 //! - [`block_matmul`]: a matmul with no shared memory or barriers (software adapters' fastest).
@@ -24,6 +26,7 @@ pub mod autotune;
 pub mod block_matmul;
 #[cfg(any(feature = "cublas", test))]
 mod blas_layout;
+mod cube_reduce;
 #[cfg(feature = "cublas")]
 pub mod cublas;
 #[cfg(feature = "cublas")]
@@ -36,6 +39,7 @@ pub mod matmul_route;
 pub mod matmul_tuning;
 pub mod rms_norm;
 pub mod rope;
+pub mod softmax;
 pub mod stored_matrix;
 pub mod swiglu;
 
@@ -47,6 +51,7 @@ pub use matmul_choice::{chosen_matmul, force_matmul, matmul_choices, set_matmul_
 pub use matmul_route::{cublas_matmul, routes_to_block, routes_to_cublas, set_matmul_route, MatmulRoute};
 pub use rms_norm::add_rms_norm;
 pub use rope::norm_rope;
+pub use softmax::softmax_lse;
 pub use stored_matrix::{RowPick, Scales, StoredFormat, StoredRows, WordWriter};
 pub use swiglu::silu_mul;
 

@@ -12,6 +12,7 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 
+use crate::cube_reduce::cube_reduce;
 use crate::grid::{cube_index, cubes};
 
 /// Most units a row gets: enough for a 4,096-wide row in 16 sweeps.
@@ -116,20 +117,10 @@ fn add_rms_norm_kernel<F: Float>(
 }
 
 /// `1 / sqrt(Σ squares / width + eps)` over the cube: each unit brings its partial sum of
-/// squares, `partials` (one slot a unit; the cube a power of two) is reduced as a tree, and
-/// every unit gets the result. `partials` is read by every unit on return: sync before reusing it.
+/// squares ([`cube_reduce`]; the cube a power of two, `partials` a slot a unit), and every unit
+/// gets the result. `partials` is read by every unit on return: sync before reusing it.
 #[cube]
 pub(crate) fn inverse_rms(partials: &mut SharedMemory<f32>, squares: f32, eps: f32, #[comptime] width: usize) -> f32 {
-    let unit = UNIT_POS_X as usize;
-    partials[unit] = squares;
-    sync_cube();
-    let mut stride = CUBE_DIM_X as usize / 2;
-    while stride > 0 {
-        if unit < stride {
-            partials[unit] += partials[unit + stride];
-        }
-        sync_cube();
-        stride /= 2;
-    }
-    f32::new(1.0) / f32::sqrt(partials[0] / f32::new(comptime![width as f32]) + eps)
+    let sum = cube_reduce(partials, squares, false);
+    f32::new(1.0) / f32::sqrt(sum / f32::new(comptime![width as f32]) + eps)
 }

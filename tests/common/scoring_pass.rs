@@ -7,11 +7,12 @@ use std::path::{Path, PathBuf};
 use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, ItemGroup, LabelRoute, LabelTable, ModelFiles, QueryBatch, Routes, ScoringBackend, TileShape};
 
 /// The routes a whole model is run on: the backend's kernels (the row attention kernel with
-/// Burn's elementwise ops, the tile kernels with the fused elementwise and label kernels), then
-/// plain Burn ops.
-pub fn whole_model_routes() -> [Routes; 4] {
+/// Burn's elementwise ops; the tile kernels, and the cascade with its softmax kernel, with the
+/// fused elementwise and label kernels), then plain Burn ops.
+pub fn whole_model_routes() -> [Routes; 5] {
     let tiled = Routes { attention: AttentionRoute::Tiled(TileShape::default()), elementwise: ElementwiseRoute::Kernels, labels: LabelRoute::Kernel };
-    [Routes::default(), tiled, Routes { attention: AttentionRoute::Flash(TileShape::default()), ..tiled }, Routes::PLAIN]
+    let with = |attention| Routes { attention, ..tiled };
+    [Routes::default(), tiled, with(AttentionRoute::Flash(TileShape::default())), with(AttentionRoute::Cascade), Routes::PLAIN]
 }
 
 /// Every fixture model's directory: beside the sources, or where `TALLY_FIXTURES` says (a test

@@ -7,7 +7,7 @@ use burn::backend::NdArray;
 use burn::tensor::{backend::Backend, Tensor, TensorData, TensorPrimitive};
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::{tensor::CubeTensor, CubeBackend, CubeRuntime, FloatElement};
-use tally_model::{AttentionRoute, ItemLayout, PrefixKv, ScoringBackend};
+use tally_model::{AttentionRoute, ElementwiseRoute, ItemLayout, LabelRoute, PrefixKv, Routes, ScoringBackend};
 use tally_shaders::{AttentionKernel, AttentionTiles, FragmentLoads, KvStaging, MultiItemAttention, TileShape};
 
 pub type Reference = NdArray<f32>;
@@ -185,18 +185,23 @@ impl Case {
         PrefixKv::join(&prefixes.iter().collect::<Vec<_>>())
     }
 
-    /// Attention on `route` through backend `B`'s seam, as the model runs it.
+    /// Attention on `route` through backend `B`'s seam, as the model runs it with its
+    /// elementwise kernels (the cascade's softmax among them, where `B` has one).
     pub fn routed_on<B: ScoringBackend>(&self, seed: u64, route: AttentionRoute) -> Vec<f32> {
+        self.planned_on::<B>(seed, Routes { attention: route, elementwise: ElementwiseRoute::Kernels, labels: LabelRoute::Kernel })
+    }
+
+    /// The plain Burn path (the cascade in Burn's ops) on backend `B`.
+    pub fn plain_on<B: ScoringBackend>(&self, seed: u64) -> Vec<f32> {
+        self.planned_on::<B>(seed, Routes::PLAIN)
+    }
+
+    fn planned_on<B: ScoringBackend>(&self, seed: u64, routes: Routes) -> Vec<f32> {
         let (queries, keys, values, _) = self.inputs(seed);
         let layout = self.layout();
         let (t, q, kv, d) = (layout.tokens(), self.q_heads, self.kv_heads, self.head_dim);
         let (prefix, spans) = self.joined_prefix_on::<B>(seed);
-        let plan = B::plan_attention(route, &layout, &spans, q / kv, &Default::default());
+        let plan = B::plan_attention(routes, &layout, &spans, q / kv, &Default::default());
         host(plan.run(tensor::<B, 3>(&queries, [t, q, d]), tensor(&keys, [t, kv, d]), tensor(&values, [t, kv, d]), &prefix))
-    }
-
-    /// The plain Burn path (the cascade) on backend `B`.
-    pub fn plain_on<B: ScoringBackend>(&self, seed: u64) -> Vec<f32> {
-        self.routed_on::<B>(seed, AttentionRoute::Cascade)
     }
 }

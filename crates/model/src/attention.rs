@@ -28,7 +28,12 @@ pub struct PaddedPlan<B: Backend> {
     groups: Vec<((usize, usize), usize)>,
     items: usize,
     len: usize,
+    /// The row softmax a backend's kernel runs in place of Burn's ops (`None`: Burn's ops).
+    softmax: Option<RowSoftmax<B>>,
 }
+
+/// A row softmax with its log-sum-exp, as [`softmax_lse`] computes it.
+pub type RowSoftmax<B> = fn(Tensor<B, 2>) -> (Tensor<B, 2>, Tensor<B, 2>);
 
 impl<B: Backend> PaddedPlan<B> {
     /// `prefix_spans[g]`: (first token, length) of group `g`'s prefix in the joined prefix K/V;
@@ -50,7 +55,22 @@ impl<B: Backend> PaddedPlan<B> {
             groups: prefix_spans.iter().copied().zip(layout.group_sizes()).collect(),
             items,
             len,
+            softmax: None,
         }
+    }
+
+    /// The same plan with its softmaxes run by `softmax` (a backend's kernel) in place of Burn's ops.
+    pub fn with_softmax(self, softmax: RowSoftmax<B>) -> Self {
+        PaddedPlan { softmax: Some(softmax), ..self }
+    }
+
+    /// Whether a backend's kernel runs the softmaxes.
+    pub fn has_softmax_kernel(&self) -> bool {
+        self.softmax.is_some()
+    }
+
+    fn softmax(&self) -> RowSoftmax<B> {
+        self.softmax.unwrap_or(softmax_lse::<B>)
     }
 }
 
@@ -85,11 +105,11 @@ fn padded_attention<B: Matmul>(queries: Tensor<B, 4>, keys: Tensor<B, 4>, values
     // Query heads of one KV head are adjacent, so a [.., L, kv, group, d] view puts every row
     // that shares a KV head next to each other: GQA without repeating K/V.
     let queries = queries.mul_scalar(scale).reshape([items, len, kv_heads, group, head_dim]).swap_dims(1, 2); // [N, kv, L, g, d]
-    let own = own_item_attention(queries.clone(), keys.swap_dims(1, 2), values.swap_dims(1, 2), &plan.causal_bias);
+    let own = own_item_attention(queries.clone(), keys.swap_dims(1, 2), values.swap_dims(1, 2), &plan.causal_bias, plan.softmax());
     let output = if plan.groups.iter().all(|&((_, prefix_len), _)| prefix_len == 0) {
         own.output
     } else {
-        let prefix = prefix_attention(queries, prefix, &plan.groups);
+        let prefix = prefix_attention(queries, prefix, &plan.groups, plan.softmax());
         // Exact merge of two softmax-normalised parts by their log-sum-exps.
         let max = own.lse.clone().max_pair(prefix.lse.clone());
         let own_weight = (own.lse - max.clone()).exp();
@@ -101,18 +121,18 @@ fn padded_attention<B: Matmul>(queries: Tensor<B, 4>, keys: Tensor<B, 4>, values
 }
 
 /// Each item against its own keys, causally. `queries`: `[N, kv, L, g, d]`, keys/values `[N, kv, L, d]`.
-fn own_item_attention<B: Matmul>(queries: Tensor<B, 5>, keys: Tensor<B, 4>, values: Tensor<B, 4>, causal_bias: &Tensor<B, 2>) -> Partial<B> {
+fn own_item_attention<B: Matmul>(queries: Tensor<B, 5>, keys: Tensor<B, 4>, values: Tensor<B, 4>, causal_bias: &Tensor<B, 2>, softmax: RowSoftmax<B>) -> Partial<B> {
     let [items, kv_heads, len, group, head_dim] = queries.dims();
     let queries = queries.reshape([items, kv_heads, len * group, head_dim]);
     let scores = B::matmul(queries, keys.swap_dims(2, 3)) + causal_bias.clone().unsqueeze::<4>();
-    let (output, lse) = softmax_times_values(scores, values);
+    let (output, lse) = softmax_times_values(scores, values, softmax);
     Partial { output, lse }
 }
 
 /// Each group's items against the group's prefix (`groups`: its span in `joined`, its item
 /// count). Returns item-major partials for all `N` items; items whose prefix is empty get a
 /// log-sum-exp of −∞, so the merge ignores them.
-fn prefix_attention<B: Matmul>(queries: Tensor<B, 5>, joined: &PrefixKv<B>, groups: &[((usize, usize), usize)]) -> Partial<B> {
+fn prefix_attention<B: Matmul>(queries: Tensor<B, 5>, joined: &PrefixKv<B>, groups: &[((usize, usize), usize)], softmax: RowSoftmax<B>) -> Partial<B> {
     let [_, kv_heads, len, group, head_dim] = queries.dims();
     let rows = len * group;
     let device = queries.device();
@@ -128,7 +148,7 @@ fn prefix_attention<B: Matmul>(queries: Tensor<B, 5>, joined: &PrefixKv<B>, grou
             // [kv, count·rows, d]: one batched matmul per KV head covers every item of the group.
             let group_queries = queries.clone().narrow(0, first, count).swap_dims(0, 1).reshape([kv_heads, count * rows, head_dim]);
             let scores = B::matmul(group_queries, prefix.keys.clone().swap_dims(1, 2));
-            let (output, lse) = softmax_times_values(scores, prefix.values.clone());
+            let (output, lse) = softmax_times_values(scores, prefix.values.clone(), softmax);
             let item_major = |t: Tensor<B, 3>| {
                 let width = t.dims()[2];
                 t.reshape([kv_heads, count, rows, width]).swap_dims(0, 1)
@@ -141,15 +161,27 @@ fn prefix_attention<B: Matmul>(queries: Tensor<B, 5>, joined: &PrefixKv<B>, grou
     Partial { output: Tensor::cat(outputs, 0), lse: Tensor::cat(lses, 0) }
 }
 
-/// Softmax of `scores` over the last dimension, times `values`; with the log-sum-exp per row.
+/// Softmax of `scores` over the last dimension (by `softmax`, over the scores as rows), times
+/// `values`; with the log-sum-exp per row.
+fn softmax_times_values<B: Matmul, const D: usize>(scores: Tensor<B, D>, values: Tensor<B, D>, softmax: RowSoftmax<B>) -> (Tensor<B, D>, Tensor<B, D>) {
+    let dims = scores.dims();
+    let width = dims[D - 1];
+    let (weights, lse) = softmax(scores.reshape([dims.iter().product::<usize>() / width.max(1), width]));
+    let mut lse_dims = dims;
+    lse_dims[D - 1] = 1;
+    (B::matmul(weights.reshape(dims), values), lse.reshape(lse_dims))
+}
+
+/// `(exp(scores − lse), lse)` over the last dimension of `scores: [rows, width]`, `lse = log Σ
+/// exp(scores)` `[rows, 1]`: the softmax in Burn's ops (the reference for backends' kernels).
 ///
-/// The weights are normalised before the matmul, as `exp(scores − lse)`. Dividing the matmul's
-/// output by the row sums instead, with those sums also feeding the log-sum-exp, is computed
-/// wrong by burn-fusion 0.21 (wgpu; off by O(1), see `benches/gpu/NOTES.md`).
-fn softmax_times_values<B: Matmul, const D: usize>(scores: Tensor<B, D>, values: Tensor<B, D>) -> (Tensor<B, D>, Tensor<B, D>) {
-    let max = scores.clone().max_dim(D - 1);
-    let lse = max.clone() + (scores.clone() - max).exp().sum_dim(D - 1).log();
-    (B::matmul((scores - lse.clone()).exp(), values), lse)
+/// The weights are normalised before the matmul that follows, as `exp(scores − lse)`. Dividing
+/// that matmul's output by the row sums instead, with those sums also feeding the log-sum-exp,
+/// is computed wrong by burn-fusion 0.21 (wgpu; off by O(1), see `benches/gpu/NOTES.md`).
+pub fn softmax_lse<B: Backend>(scores: Tensor<B, 2>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    let max = scores.clone().max_dim(1);
+    let lse = max.clone() + (scores.clone() - max).exp().sum_dim(1).log();
+    ((scores - lse.clone()).exp(), lse)
 }
 
 /// `[L·group, L]` additive mask: row `r` (position `r / group`) sees keys `0..=r / group`.

@@ -5,7 +5,7 @@ use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr};
-use tally_shaders::{add_rms_norm, chosen_matmul, norm_rope, routes_to_block, silu_mul, cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
+use tally_shaders::{add_rms_norm, chosen_matmul, norm_rope, routes_to_block, silu_mul, cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, softmax_lse, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
 use super::stored::{Limits, StoredMatrix};
 use super::{PlannedAttention, ScoringBackend};
@@ -16,7 +16,7 @@ use crate::labels::LabelTable;
 use crate::layout::ItemLayout;
 use crate::lm_head::VOCAB_CHUNK;
 use crate::matmul::Matmul;
-use crate::route::{AttentionRoute, Routes};
+use crate::route::{AttentionRoute, ElementwiseRoute, Routes};
 
 impl<R, F, I, BT> ScoringBackend for CubeBackend<R, F, I, BT>
 where
@@ -45,9 +45,9 @@ where
         requested
     }
 
-    fn plan_attention(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &R::Device) -> Box<dyn PlannedAttention<Self>> {
-        let kernel = match route {
-            AttentionRoute::Cascade => return Box::new(PaddedPlan::<Self>::new(layout, prefix_spans, group, device)),
+    fn plan_attention(routes: Routes, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &R::Device) -> Box<dyn PlannedAttention<Self>> {
+        let kernel = match routes.attention {
+            AttentionRoute::Cascade => return Box::new(cascade::<Self>(routes, layout, prefix_spans, group, device)),
             AttentionRoute::Kernel => AttentionKernel::Rows,
             AttentionRoute::Tiled(shape) => AttentionKernel::Tiled(shape),
             AttentionRoute::Flash(shape) => AttentionKernel::Flash(shape),
@@ -85,6 +85,11 @@ where
         Tensor::from_primitive(TensorPrimitive::Float(silu_mul(gate_up.into_primitive().tensor())))
     }
 
+    fn softmax_lse(scores: Tensor<Self, 2>) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        let (weights, lse) = softmax_lse(scores.into_primitive().tensor());
+        (Tensor::from_primitive(TensorPrimitive::Float(weights)), Tensor::from_primitive(TensorPrimitive::Float(lse)))
+    }
+
     fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {
         let dtype = hidden.dtype();
         let vocab = head.dims()[0];
@@ -95,6 +100,16 @@ where
             stream.add_chunk(logits.into_primitive().tensor());
         }
         Tensor::from_primitive(TensorPrimitive::Float(stream.finish(dtype)))
+    }
+}
+
+/// The cascade on a CubeCL backend: its softmaxes in tally's kernel on the elementwise kernels'
+/// route, in Burn's ops (fused where the backend fuses) otherwise.
+fn cascade<B: ScoringBackend>(routes: Routes, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &B::Device) -> PaddedPlan<B> {
+    let plan = PaddedPlan::new(layout, prefix_spans, group, device);
+    match routes.elementwise {
+        ElementwiseRoute::Kernels => plan.with_softmax(B::softmax_lse),
+        ElementwiseRoute::Burn => plan,
     }
 }
 
@@ -183,10 +198,10 @@ impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
 
     /// The cascade on the fusion stream itself (its ops fuse); the inner backend's kernels
     /// between settled inputs and a fresh output.
-    fn plan_attention(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &B::Device) -> Box<dyn PlannedAttention<Self>> {
-        match route {
-            AttentionRoute::Cascade => Box::new(PaddedPlan::<Self>::new(layout, prefix_spans, group, device)),
-            kernel => Box::new(SettledAttention(B::plan_attention(kernel, layout, prefix_spans, group, device))),
+    fn plan_attention(routes: Routes, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &B::Device) -> Box<dyn PlannedAttention<Self>> {
+        match routes.attention {
+            AttentionRoute::Cascade => Box::new(cascade::<Self>(routes, layout, prefix_spans, group, device)),
+            _ => Box::new(SettledAttention(B::plan_attention(routes, layout, prefix_spans, group, device))),
         }
     }
 
@@ -217,6 +232,12 @@ impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
     fn silu_mul(gate_up: Tensor<Self, 2>) -> Tensor<Self, 2> {
         let client = fusion_client(&gate_up);
         into_fusion(B::silu_mul(settle(gate_up)), &client)
+    }
+
+    fn softmax_lse(scores: Tensor<Self, 2>) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        let client = fusion_client(&scores);
+        let (weights, lse) = B::softmax_lse(settle(scores));
+        (into_fusion(weights, &client), into_fusion(lse, &client))
     }
 
     fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {

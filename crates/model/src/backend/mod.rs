@@ -25,7 +25,7 @@ use crate::labels::LabelTable;
 use crate::layout::ItemLayout;
 use crate::lm_head;
 use crate::matmul::Matmul;
-use crate::route::{AttentionRoute, Routes};
+use crate::route::Routes;
 use crate::weight::TokenTable;
 
 /// A weight matrix kept in its file's format, as a backend holds it ([`ScoringBackend::BlockWeight`]).
@@ -57,11 +57,11 @@ pub trait ScoringBackend: Matmul {
         Routes::PLAIN
     }
 
-    /// Multi-item attention of one pass on `route` (one [`Self::routes`] gave), planned once and
-    /// run by every layer. `prefix_spans[g]`: (first token, length) of group `g`'s prefix in the
+    /// Multi-item attention of one pass on `routes.attention` (routes [`Self::routes`] gave; the
+    /// cascade's softmax follows `routes.elementwise`), planned once and run by every layer. `prefix_spans[g]`: (first token, length) of group `g`'s prefix in the
     /// joined prefix K/V every layer passes ([`PrefixKv::join`]); `group`: query heads per KV
     /// head. Default: the cascade in plain Burn ops.
-    fn plan_attention(_route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &Self::Device) -> Box<dyn PlannedAttention<Self>> {
+    fn plan_attention(_routes: Routes, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &Self::Device) -> Box<dyn PlannedAttention<Self>> {
         Box::new(PaddedPlan::<Self>::new(layout, prefix_spans, group, device))
     }
 
@@ -100,6 +100,11 @@ pub trait ScoringBackend: Matmul {
         elementwise::silu_mul(gate_up)
     }
 
+    /// The cascade's row softmax with its log-sum-exp: see [`attention::softmax_lse`].
+    fn softmax_lse(scores: Tensor<Self, 2>) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        attention::softmax_lse(scores)
+    }
+
     /// Full-vocabulary log-probabilities of each row's labels: see [`lm_head::label_logprobs`].
     fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {
         lm_head::label_logprobs(hidden, &TokenTable::Float(head), labels)
@@ -125,6 +130,6 @@ impl<B: Matmul> PlannedAttention<B> for PaddedPlan<B> {
     }
 
     fn launched(&self, _head_dim: usize) -> String {
-        "cascade (plain Burn ops)".into()
+        if self.has_softmax_kernel() { "cascade (Burn ops, tally's softmax kernel)" } else { "cascade (plain Burn ops)" }.into()
     }
 }

@@ -218,7 +218,7 @@ impl<B: ScoringBackend> DecoderModel<B> {
         // tables for the rows' positions, and the attention's tiles or gathers.
         let rope = Rope::new(&layout.positions(), &c.rope.inverse_frequencies(c.head_dim), &device);
         let group = c.num_attention_heads / c.num_key_value_heads;
-        let attention = B::plan_attention(self.routes.attention, layout, prefix_spans, group, &device);
+        let attention = B::plan_attention(self.routes, layout, prefix_spans, group, &device);
         let (q_width, kv_width) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
 
         let steps = self.elementwise();

@@ -76,8 +76,8 @@ impl ScoringBackend for NdArray<f32> {
         Routes { attention, elementwise: requested.elementwise, labels: LabelRoute::Burn }
     }
 
-    fn plan_attention(route: AttentionRoute, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &Self::Device) -> Box<dyn PlannedAttention<Self>> {
-        match route {
+    fn plan_attention(routes: Routes, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &Self::Device) -> Box<dyn PlannedAttention<Self>> {
+        match routes.attention {
             AttentionRoute::Cascade => Box::new(PaddedPlan::<Self>::new(layout, prefix_spans, group, device)),
             AttentionRoute::Kernel | AttentionRoute::Tiled(_) | AttentionRoute::Flash(_) => Box::new(HostAttentionPlan::new(layout, prefix_spans, group)),
         }
