@@ -134,6 +134,9 @@ attention_stage() {
             --tile-rows ${tile%x*} --tile-keys ${tile#*x} --routes tiled,flash --out "$out/attention-$gpu-$last-tile-$tile.json" || ok=1
     done
     "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --tile-stages 1 --routes flash --out "$out/attention-$gpu-$last-one-stage.json" || ok=1
+    # The cascade's softmax in Burn's ops (the first run above has tally's kernel where the
+    # elementwise route is the kernels', CUDA's default).
+    "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --elementwise burn --routes cascade --out "$out/attention-$gpu-$last-cascade-burn-softmax.json" || ok=1
     "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --fragment-loads elements --routes tiled,flash --out "$out/attention-$gpu-$last-element-loads.json" || ok=1
     for variant in $flash_variants; do
         "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations "${tile_flags[@]}" $(variant_flags $variant) --routes flash \
@@ -154,10 +157,12 @@ make_model() { [ -f $model/config.json ] || "$cuda" make-model --preset $preset 
 # split into passes of the old fixed budget (8,192 tokens: two passes), to see what one pass buys,
 # and S1 with Burn's fused elementwise ops in place of tally's kernels (CUDA's default).
 # TALLY_SUITE_SCENARIO_EXTRAS names which of the comparisons run (default all: split,
-# elementwise-burn, cublas-sync, cublas-algos); a lease that measured them once can spend the time
-# elsewhere. cublas-algos: each GEMM shape class's algorithm the fastest of cuBLASLt's first 8
-# heuristic picks, timed (the search's table goes to the log and to a .stdout beside the JSON).
-scenario_extras=${TALLY_SUITE_SCENARIO_EXTRAS-split elementwise-burn cublas-sync cublas-algos}
+# elementwise-burn, cublas-sync, cublas-algos, cascade); a lease that measured them once can spend
+# the time elsewhere. cublas-algos: each GEMM shape class's algorithm the fastest of cuBLASLt's
+# first 8 heuristic picks, timed (the search's table goes to the log and to a .stdout beside the
+# JSON). cascade: S1 on the cascade (its GEMMs on the matmul route, its softmax tally's kernel),
+# where TALLY_SUITE_ATTENTIONS does not run it already.
+scenario_extras=${TALLY_SUITE_SCENARIO_EXTRAS-split elementwise-burn cublas-sync cublas-algos cascade}
 has_extra() { [[ " $scenario_extras " == *" $1 "* ]]; }
 scenario_stage() {
     make_model || return 1
@@ -188,6 +193,8 @@ scenario_stage() {
             # cuBLASLt on CubeCL's stream against the same GEMMs with host syncs around each.
             [ "$matmul" = cublas ] && has_extra cublas-sync && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags cublas-sync) "${tile_flags[@]}" --out "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-sync.json" || ok=1; }
+            has_extra cascade && [[ " $attentions " != *" cascade "* ]] && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+                --attention cascade $(matmul_flags $matmul) --out "$out/scenario-s1-$gpu-$dtype-cascade-$matmul.json" || ok=1; }
             [ "$matmul" = cublas ] && has_extra cublas-algos && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention --matmul cublas --cublas-algos 8 "${tile_flags[@]}" --out "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-algos8.json" \
                 | tee "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-algos8.stdout" || ok=1; }
