@@ -1,5 +1,6 @@
-//! A cube-wide reduction of one float per unit, as a tree in shared memory: the row kernels'
-//! (RMSNorm's sum of squares, the softmax's maximum and sum) one building block.
+//! A cube-wide reduction of one float per unit, as a tree in shared memory, and a row's maximum
+//! and sum of exponentials made of it: the row kernels' (RMSNorm's sum of squares, the
+//! softmax's and the label log-sum-exp's maximum and sum) building blocks.
 
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
@@ -25,4 +26,32 @@ pub(crate) fn cube_reduce(partials: &mut SharedMemory<f32>, value: f32, #[compti
         stride /= 2;
     }
     partials[0]
+}
+
+/// Below any real value, and finite: WGSL cannot spell −∞ (a value may be −∞ itself: a masked
+/// score).
+const NO_VALUE: f32 = -1.0e30;
+
+/// The row `values[base .. base + width]`, read by the cube's units in turn: its maximum and
+/// `Σ exp(v − max)`, returned to every unit (`partials` as for [`cube_reduce`]; it holds the sum
+/// on return). The row's log-sum-exp is `max + ln(sum)`.
+#[cube]
+pub(crate) fn row_max_and_exp_sum<F: Float>(values: &Tensor<F>, base: usize, width: usize, partials: &mut SharedMemory<f32>, #[comptime] units: usize) -> (f32, f32) {
+    let unit = UNIT_POS_X as usize;
+    let mut local_max = f32::new(NO_VALUE);
+    let mut i = unit;
+    while i < width {
+        local_max = f32::max(local_max, f32::cast_from(values[base + i]));
+        i += units;
+    }
+    let max = cube_reduce(partials, local_max, true);
+    // Every unit has read the maximum before the sum overwrites it.
+    sync_cube();
+    let mut local_sum = f32::new(0.0);
+    let mut i = unit;
+    while i < width {
+        local_sum += f32::exp(f32::cast_from(values[base + i]) - max);
+        i += units;
+    }
+    (max, cube_reduce(partials, local_sum, false))
 }

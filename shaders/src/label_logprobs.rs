@@ -11,7 +11,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use burn_backend::{DType, Shape, TensorMetadata};
 
-use crate::cube_reduce::cube_reduce;
+use crate::cube_reduce::row_max_and_exp_sum;
 use crate::grid::{cube_index, cubes};
 
 /// Units per row: a power of two for the tree reductions.
@@ -133,28 +133,12 @@ fn vocab_chunk_kernel<F: Float, I: Numeric>(
     let chunk = logits.shape(1);
     let first = row * chunk;
     let mut reduced = SharedMemory::<f32>::new(units);
-
-    let mut local_max = f32::new(NO_LOGIT);
-    let mut column = unit;
-    while column < chunk {
-        local_max = f32::max(local_max, f32::cast_from(logits[first + column]));
-        column += units;
-    }
-    let chunk_max = cube_reduce(&mut reduced, local_max, true);
-    let previous_max = running_max[row];
-    let new_max = f32::max(previous_max, chunk_max);
-    sync_cube();
-
-    let mut local_sum = f32::new(0.0);
-    let mut column = unit;
-    while column < chunk {
-        local_sum += f32::exp(f32::cast_from(logits[first + column]) - new_max);
-        column += units;
-    }
-    let chunk_sum = cube_reduce(&mut reduced, local_sum, false);
-
+    let (chunk_max, chunk_sum) = row_max_and_exp_sum(logits, first, chunk, &mut reduced, units);
     if unit == 0 {
-        running_sum[row] = running_sum[row] * f32::exp(previous_max - new_max) + chunk_sum;
+        // The running sum and the chunk's, each moved to the larger maximum.
+        let previous_max = running_max[row];
+        let new_max = f32::max(previous_max, chunk_max);
+        running_sum[row] = running_sum[row] * f32::exp(previous_max - new_max) + chunk_sum * f32::exp(chunk_max - new_max);
         running_max[row] = new_max;
     }
     let width = labels.shape(1);

@@ -13,14 +13,11 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 
-use crate::cube_reduce::cube_reduce;
+use crate::cube_reduce::row_max_and_exp_sum;
 use crate::grid::{cube_index, cubes};
 
 /// Most units a row gets.
 const MAX_UNITS: usize = 256;
-
-/// Below any real score, and finite: WGSL cannot spell −∞ (masked scores may be −∞ itself).
-const NO_SCORE: f32 = -1.0e30;
 
 /// `(exp(scores − lse), lse)` over the last dimension of `scores: [rows, width]`: the weights
 /// `[rows, width]` and `lse = log Σ exp(scores)` `[rows, 1]`, both in the scores' dtype, float32
@@ -61,24 +58,8 @@ fn softmax_lse_kernel<F: Float>(scores: &Tensor<F>, weights: &mut Tensor<F>, lse
     let width = width as usize;
     let base = row * width;
     let mut partials = SharedMemory::<f32>::new(units);
-
-    let mut local_max = f32::new(NO_SCORE);
-    let mut i = unit;
-    while i < width {
-        local_max = f32::max(local_max, f32::cast_from(scores[base + i]));
-        i += units;
-    }
-    let max = cube_reduce(&mut partials, local_max, true);
-    // Every unit has read the maximum before the sum overwrites it.
-    sync_cube();
-
-    let mut local_sum = f32::new(0.0);
-    let mut i = unit;
-    while i < width {
-        local_sum += f32::exp(f32::cast_from(scores[base + i]) - max);
-        i += units;
-    }
-    let row_lse = max + f32::ln(cube_reduce(&mut partials, local_sum, false));
+    let (max, sum) = row_max_and_exp_sum(scores, base, width, &mut partials, units);
+    let row_lse = max + f32::ln(sum);
 
     let mut i = unit;
     while i < width {
