@@ -259,12 +259,13 @@ fn silu_mul_matches_float64() {
 }
 
 /// The cascade's row softmax with its log-sum-exp against float64 on the host: row widths just
-/// under, at and past the kernel's unit counts (a power of two up to 256 a row) and S1's
-/// 2,020-key prefix; scores up to ±40 (an exponential of them overflows float32 unless the
+/// under, at and past the kernel's unit counts (a power of two up to 256 a row), S1's 2,020-key
+/// prefix, and rows past the largest one-dimensional grid (a cube a row: S1's prefix part has
+/// 160,000); scores up to ±40 (an exponential of them overflows float32 unless the
 /// maximum comes off first) and masked (−∞) keys as the causal bias makes them, every row
 /// keeping one finite score.
 fn softmax_lse_matches_float64() {
-    for (seed, &(rows, width)) in [(1, 1), (3, 2), (5, 15), (2, 16), (4, 17), (7, 255), (3, 256), (2, 257), (9, 2020), (2, 5000), (600, 20)].iter().enumerate() {
+    for (seed, &(rows, width)) in [(1, 1), (3, 2), (5, 15), (2, 16), (4, 17), (7, 255), (3, 256), (2, 257), (9, 2020), (2, 5000), (600, 20), (65_537, 3)].iter().enumerate() {
         let mut scores = random(700 + seed as u64, rows * width, 40.0);
         for row in 0..rows {
             // Row r masks its keys past r % width: the causal bias's pattern.

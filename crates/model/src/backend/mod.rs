@@ -58,9 +58,10 @@ pub trait ScoringBackend: Matmul {
     }
 
     /// Multi-item attention of one pass on `routes.attention` (routes [`Self::routes`] gave; the
-    /// cascade's softmax follows `routes.elementwise`), planned once and run by every layer. `prefix_spans[g]`: (first token, length) of group `g`'s prefix in the
-    /// joined prefix K/V every layer passes ([`PrefixKv::join`]); `group`: query heads per KV
-    /// head. Default: the cascade in plain Burn ops.
+    /// cascade's softmax follows `routes.elementwise`), planned once and run by every layer.
+    /// `prefix_spans[g]`: (first token, length) of group `g`'s prefix in the joined prefix K/V
+    /// every layer passes ([`PrefixKv::join`]); `group`: query heads per KV head. Default: the
+    /// cascade in plain Burn ops.
     fn plan_attention(_routes: Routes, layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &Self::Device) -> Box<dyn PlannedAttention<Self>> {
         Box::new(PaddedPlan::<Self>::new(layout, prefix_spans, group, device))
     }
