@@ -283,7 +283,7 @@ fn softmax_lse_matches_float64() {
                 expected_weights[row * width + key] = (value - lse).exp() as f32;
             }
         }
-        let (weights, lse) = tally_shaders::softmax_lse(cube(tensor::<Gpu, 2>(&scores, [rows, width])));
+        let (weights, lse) = tally_shaders::softmax_lse(cube(tensor::<Gpu, 2>(&scores, [rows, width])), burn::tensor::DType::F32);
         let host_of = |t| host(Tensor::<Gpu, 2>::from_primitive(TensorPrimitive::Float(t)));
         let what = format!("{rows} rows of {width}");
         assert_close(&host_of(weights), &expected_weights, 1e-5, &format!("weights, {what}"));
@@ -481,7 +481,7 @@ fn cublas_algorithm_search() {
             let rhs = random(seed + 10, batch * k * n, 1.0);
             let expected = host_matmul(&lhs, &rhs, [batch, m, k, n], true);
             let (a, b) = matmul_operands::<Gpu>(&lhs, &rhs, [batch, m, k, n], true);
-            let product = tally_shaders::cublas::matmul(cube(a), cube(b)).expect("cuBLASLt multiplies these shapes");
+            let product = tally_shaders::cublas::matmul(cube(a), cube(b), burn::tensor::DType::F32).expect("cuBLASLt multiplies these shapes");
             assert_close(&host(Tensor::<Gpu, 3>::from_primitive(TensorPrimitive::Float(product))), &expected, 2e-5, &format!("cuBLASLt after an algorithm search, m {m}, n {n}, {ordering:?}"));
         }
         let table = profile_table().expect("GEMMs ran");
@@ -503,7 +503,7 @@ fn cublas_products(ordering: tally_shaders::cublas::CublasOrdering) {
         let expected = host_matmul(&lhs, &rhs, [batch, m, k, n], rhs_transposed);
         let what = format!("[{batch}, {m}, {k}] x [{batch}, {k}, {n}], transposed {rhs_transposed}, {ordering:?}");
         let (a, b) = matmul_operands::<Gpu>(&lhs, &rhs, [batch, m, k, n], rhs_transposed);
-        let product = tally_shaders::cublas::matmul(cube(a.clone()), cube(b.clone())).expect("cuBLASLt multiplies these shapes");
+        let product = tally_shaders::cublas::matmul(cube(a.clone()), cube(b.clone()), burn::tensor::DType::F32).expect("cuBLASLt multiplies these shapes");
         assert_close(&host(Tensor::<Gpu, 3>::from_primitive(TensorPrimitive::Float(product))), &expected, 2e-5, &format!("cuBLASLt, {what}"));
 
         let _cubecl_after = CubeclAfter;
@@ -798,11 +798,11 @@ fn stored_matrices_expand_exactly_and_multiply_across_pieces_and_panels() {
     }
     // Through fusion: the wrapped backend's stored matrix, settled inputs and a fresh output.
     let matrix = BlockMatrix::new(cols, vec![BlockRows::new(TensorType::Q4_1, BlockBytes::Owned(random_stored_rows(TensorType::Q4_1, 9, cols, 1).into()), 9).unwrap()]).unwrap();
-    let stored = Fused::block_weight(matrix.clone(), &Default::default()).expect("Q4_1 packs");
+    let stored = <Fused>::block_weight(matrix.clone(), &Default::default()).expect("Q4_1 packs");
     let x = random(2, 3 * cols, 1.0);
     let expected = host_matmul(&x, &matrix.dequantize_rows(0..9), [1, 3, cols, 9], true);
-    assert_close(&host(Fused::block_matmul(tensor(&x, [3, cols]), &stored, 0..9)), &expected, 2e-5, "through fusion");
-    assert_close(&host(Fused::block_rows(&stored, &[8, 2], &Default::default())), &matrix.dequantize_rows([8, 2].into_iter()), 0.0, "rows through fusion");
+    assert_close(&host(<Fused>::block_matmul(tensor(&x, [3, cols]), &stored, 0..9)), &expected, 2e-5, "through fusion");
+    assert_close(&host(<Fused>::block_rows(&stored, &[8, 2], &Default::default())), &matrix.dequantize_rows([8, 2].into_iter()), 0.0, "rows through fusion");
 }
 
 fn main() {

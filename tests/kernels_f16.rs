@@ -1,12 +1,15 @@
-//! The attention kernel with f16 inputs and output (f32 inside), in a process of its own: see
-//! `kernels.rs`.
+//! The kernels with 16-bit tensors (f16 on every backend; bf16 too on CUDA): the attention
+//! kernel with f16 inputs and output (f32 inside), the cascade in f16 and its softmax between
+//! dtypes, and (CUDA) cuBLASLt's float32 products of 16-bit operands. In a process of its own:
+//! see `kernels.rs`.
 
 #[path = "common/gpu.rs"]
 mod gpu;
 mod kernel_cases;
 
-use burn::tensor::DType;
-use kernel_cases::{assert_close, tensor, Case, Gpu, FRAGMENT_LOADS, KV_STAGINGS};
+use burn::tensor::{DType, Tensor};
+use kernel_cases::{assert_close, tensor, Case, Fused, Gpu, FRAGMENT_LOADS, KV_STAGINGS};
+use tally_model::AttentionRoute;
 use tally_shaders::{tensor_core_tiles, AttentionKernel, KvStaging, TileShape};
 
 fn attention_in_f16_accumulates_in_f32() {
@@ -81,10 +84,119 @@ fn tensor_core_fragment_loads_are_ptxs() {
     }
 }
 
+/// The cascade's softmax kernel between dtypes, against float64: float32 scores (what cuBLASLt
+/// writes from 16-bit operands) and f16 ones, weights in f16 (what the matmul after reads), the
+/// log-sum-exp in float32 — an f16 one (2⁻¹¹ relative) would miss its tolerance 40-fold. Rows
+/// of S1's 2,020 prefix keys and of one key, masked keys as the causal bias makes them.
+fn softmax_lse_writes_f16_weights_and_a_float32_lse() {
+    let device = Default::default();
+    for (seed, (rows, width)) in [(300, 2020), (7, 1), (33, 257)].into_iter().enumerate() {
+        let mut scores = kernel_cases::random(900 + seed as u64, rows * width, 20.0);
+        for row in 0..rows {
+            for key in (row % width + 1..width).step_by(3) {
+                scores[row * width + key] = f32::NEG_INFINITY;
+            }
+        }
+        for scores_dtype in [DType::F32, DType::F16] {
+            // The scores as the kernel reads them: f16 ones rounded first.
+            let seen: Vec<f64> = scores.iter().map(|&s| if scores_dtype == DType::F16 { half::f16::from_f32(s).to_f64() } else { s as f64 }).collect();
+            let (mut expected_weights, mut expected_lse) = (Vec::with_capacity(rows * width), Vec::with_capacity(rows));
+            for row in seen.chunks_exact(width) {
+                let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let lse = max + row.iter().map(|s| (s - max).exp()).sum::<f64>().ln();
+                expected_lse.push(lse as f32);
+                expected_weights.extend(row.iter().map(|s| (s - lse).exp() as f32));
+            }
+            let input = Tensor::<Gpu<half::f16>, 2>::from_data(burn::tensor::TensorData::new(scores.clone(), [rows, width]), (&device, scores_dtype));
+            assert_eq!(input.dtype(), scores_dtype, "the kernel must see {scores_dtype:?} scores");
+            let (weights, lse) = tally_shaders::softmax_lse(input.into_primitive().tensor(), DType::F16);
+            assert_eq!((weights.dtype, lse.dtype), (DType::F16, DType::F32));
+            let host_of = |t| kernel_cases::host(Tensor::<Gpu<half::f16>, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(t)));
+            let what = format!("{rows} rows of {width}, {scores_dtype:?} scores");
+            assert_close(&host_of(weights), &expected_weights, 1e-3, &format!("f16 weights, {what}"));
+            assert_close(&host_of(lse), &expected_lse, 1e-6, &format!("float32 log-sum-exp, {what}"));
+        }
+    }
+}
+
+/// The cascade in f16, its softmax in Burn's ops and in tally's kernel, on the cube backend and
+/// through fusion (on CUDA also with cuBLASLt's matmuls, whose prefix scores are float32),
+/// against the float32 CPU reference: the log-sum-exps and the merge run in float32, so only
+/// f16's roundings of inputs, weights and outputs remain.
+fn the_cascade_in_f16_merges_in_float32() {
+    let cases = [
+        Case { groups: vec![(2020, vec![20, 20, 3]), (0, vec![5, 1]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128 },
+        Case { groups: vec![(600, vec![5, 3]), (1, vec![1])], q_heads: 4, kv_heads: 2, head_dim: 16 },
+    ];
+    #[cfg(feature = "cuda")]
+    let matmuls = [tally_shaders::MatmulRoute::Cubecl, tally_shaders::MatmulRoute::Cublas];
+    #[cfg(not(feature = "cuda"))]
+    let matmuls = [tally_shaders::MatmulRoute::Cubecl];
+    for (seed, case) in cases.iter().enumerate() {
+        let seed = 40 + seed as u64;
+        let expected = case.expected(seed);
+        for matmul in matmuls {
+            let _cubecl_after = kernel_cases::CubeclAfter;
+            tally_shaders::set_matmul_route(matmul);
+            let what = |backend: &str| format!("{backend}, {matmul:?} matmuls, {}", case.name());
+            assert_close(&case.plain_on::<Gpu<half::f16>>(seed), &expected, 1e-2, &what("cube backend, Burn's softmax"));
+            assert_close(&case.routed_on::<Gpu<half::f16>>(seed, AttentionRoute::Cascade), &expected, 1e-2, &what("cube backend, softmax kernel"));
+            assert_close(&case.plain_on::<Fused<half::f16>>(seed), &expected, 1e-2, &what("fusion, Burn's softmax"));
+            assert_close(&case.routed_on::<Fused<half::f16>>(seed, AttentionRoute::Cascade), &expected, 1e-2, &what("fusion, softmax kernel"));
+        }
+    }
+}
+
+/// cuBLASLt's float32 products of 16-bit operands (`Matmul::matmul_wide`, the cascade's prefix
+/// scores): f16 and bf16 operands, batched, the right-hand side a transposed view as the keys
+/// are, against float64 products of the rounded operands at float32's accuracy — a 16-bit
+/// product would be 2⁻¹¹ or 2⁻⁸ off; then through both CubeCL backend types' seam.
+#[cfg(feature = "cuda")]
+fn cublas_writes_float32_products_of_16_bit_operands() {
+    use tally_model::Matmul;
+    let device = Default::default();
+    let (batch, m, k, n) = (2, 300, 128, 2020);
+    let lhs = kernel_cases::random(60, batch * m * k, 1.0);
+    let rhs = kernel_cases::random(61, batch * n * k, 1.0);
+    for dtype in [DType::F16, DType::BF16] {
+        let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| if dtype == DType::F16 { half::f16::from_f32(x).to_f32() } else { half::bf16::from_f32(x).to_f32() }).collect() };
+        let (lhs_seen, rhs_seen) = (round(&lhs), round(&rhs));
+        let mut expected = Vec::with_capacity(batch * m * n);
+        for b in 0..batch {
+            for i in 0..m {
+                for j in 0..n {
+                    expected.push((0..k).map(|l| lhs_seen[(b * m + i) * k + l] as f64 * rhs_seen[(b * n + j) * k + l] as f64).sum::<f64>() as f32);
+                }
+            }
+        }
+        let operands = || {
+            let lhs = Tensor::<Gpu<half::f16>, 3>::from_data(burn::tensor::TensorData::new(lhs.clone(), [batch, m, k]), (&device, dtype));
+            let rhs = Tensor::<Gpu<half::f16>, 3>::from_data(burn::tensor::TensorData::new(rhs.clone(), [batch, n, k]), (&device, dtype)).swap_dims(1, 2);
+            (lhs, rhs)
+        };
+        let (a, b) = operands();
+        let product = tally_shaders::cublas::matmul(a.into_primitive().tensor(), b.into_primitive().tensor(), DType::F32).expect("cuBLASLt multiplies these shapes");
+        assert_eq!(product.dtype, DType::F32);
+        let host_of = |t| kernel_cases::host(Tensor::<Gpu<half::f16>, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(t)));
+        assert_close(&host_of(product), &expected, 1e-5, &format!("cuBLASLt, {dtype:?} operands, float32 product"));
+
+        let _cubecl_after = kernel_cases::CubeclAfter;
+        tally_shaders::set_matmul_route(tally_shaders::MatmulRoute::Cublas);
+        let (a, b) = operands();
+        let wide = Gpu::<half::f16>::matmul_wide(a, b);
+        assert_eq!(wide.dtype(), DType::F32, "the cube backend's wide matmul on cuBLASLt");
+        assert_close(&kernel_cases::host(wide), &expected, 1e-5, &format!("cube backend's matmul_wide, {dtype:?}"));
+        let fused = |v: &[f32], shape: [usize; 3]| Tensor::<Fused<half::f16>, 3>::from_data(burn::tensor::TensorData::new(v.to_vec(), shape), (&device, dtype));
+        let wide = Fused::<half::f16>::matmul_wide(fused(&lhs, [batch, m, k]), fused(&rhs, [batch, n, k]).swap_dims(1, 2));
+        assert_eq!(wide.dtype(), DType::F32, "fusion's wide matmul on cuBLASLt");
+        assert_close(&kernel_cases::host(wide), &expected, 1e-5, &format!("fusion's matmul_wide, {dtype:?}"));
+    }
+}
+
 fn main() {
     #[allow(unused_mut)] // more tests on CUDA
-    let mut tests = gpu::named![attention_in_f16_accumulates_in_f32];
+    let mut tests = gpu::named![attention_in_f16_accumulates_in_f32, softmax_lse_writes_f16_weights_and_a_float32_lse, the_cascade_in_f16_merges_in_float32];
     #[cfg(feature = "cuda")]
-    tests.extend(gpu::named![tensor_core_fragment_loads_are_ptxs]);
+    tests.extend(gpu::named![tensor_core_fragment_loads_are_ptxs, cublas_writes_float32_products_of_16_bit_operands]);
     gpu::run(tests)
 }

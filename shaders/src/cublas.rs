@@ -109,19 +109,25 @@ pub fn available() -> bool {
 }
 
 /// `lhs · rhs` by cuBLASLt, batched over equal leading dimensions (no broadcasting), into a new
-/// contiguous tensor. Operands whose last two dimensions are neither row- nor column-major are
-/// copied contiguous first.
-pub fn matmul(lhs: CubeTensor<CudaRuntime>, rhs: CubeTensor<CudaRuntime>) -> Result<CubeTensor<CudaRuntime>, CublasError> {
+/// contiguous tensor of `out` (the operands' dtype, or float32: the float32 accumulators written
+/// as they are, for products such as attention scores that a 16-bit rounding would blur).
+/// Operands whose last two dimensions are neither row- nor column-major are copied contiguous first.
+pub fn matmul(lhs: CubeTensor<CudaRuntime>, rhs: CubeTensor<CudaRuntime>, out: DType) -> Result<CubeTensor<CudaRuntime>, CublasError> {
     let dtype = lhs.dtype;
     if rhs.dtype != dtype {
         return Err(CublasError::Declined("operands of different float types"));
     }
-    let data_type = match dtype {
-        DType::F32 => sys::cudaDataType::CUDA_R_32F,
-        DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
-        DType::F16 => sys::cudaDataType::CUDA_R_16F,
-        _ => return Err(CublasError::Declined("not a float32/bfloat16/float16 matmul")),
+    let cuda_type = |dtype: DType| match dtype {
+        DType::F32 => Ok(sys::cudaDataType::CUDA_R_32F),
+        DType::BF16 => Ok(sys::cudaDataType::CUDA_R_16BF),
+        DType::F16 => Ok(sys::cudaDataType::CUDA_R_16F),
+        _ => Err(CublasError::Declined("not a float32/bfloat16/float16 matmul")),
     };
+    let data_type = cuda_type(dtype)?;
+    if out != dtype && out != DType::F32 {
+        return Err(CublasError::Declined("a product neither in the operands' dtype nor in float32"));
+    }
+    let out_type = cuda_type(out)?;
     let (lhs_shape, rhs_shape) = (lhs.shape(), rhs.shape());
     let rank = lhs_shape.num_dims();
     if rank < 2 || rhs_shape.num_dims() != rank || lhs_shape[..rank - 2] != rhs_shape[..rank - 2] {
@@ -134,12 +140,13 @@ pub fn matmul(lhs: CubeTensor<CudaRuntime>, rhs: CubeTensor<CudaRuntime>) -> Res
     let batch: usize = lhs_shape[..rank - 2].iter().product();
     let (lhs, rhs) = (Operand::of(lhs), Operand::of(rhs));
     let out_shape = calculate_matmul_output(&lhs.tensor.shape(), &rhs.tensor.shape()).expect("shapes checked above");
-    let out = empty_device_contiguous_dtype(lhs.tensor.client.clone(), lhs.tensor.device.clone(), out_shape, dtype);
+    let out = empty_device_contiguous_dtype(lhs.tensor.client.clone(), lhs.tensor.device.clone(), out_shape, out);
 
     // Column-major cuBLAS computes the row-major product as outᵀ (n × m) = rhsᵀ · lhsᵀ.
     let out_strides = out.meta.strides();
     let key = PlanKey {
         data_type,
+        out_type,
         m,
         n,
         k,
@@ -225,7 +232,10 @@ struct CublasOperand {
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 struct PlanKey {
+    /// The operands'.
     data_type: sys::cudaDataType,
+    /// The product's.
+    out_type: sys::cudaDataType,
     m: usize,
     n: usize,
     k: usize,
@@ -240,13 +250,14 @@ impl PlanKey {
     /// The GEMMs that share this one's timed algorithm: the same but for `m` (the pass's rows,
     /// new with nearly every batch size), which is rounded up to a power of two.
     fn class(&self) -> ShapeClass {
-        ShapeClass { data_type: self.data_type, n: self.n, k: self.k, batch: self.batch, a: self.a, b_transpose: self.b.transpose, b_leading: self.b.leading, m_class: self.m.next_power_of_two() }
+        ShapeClass { data_type: self.data_type, out_type: self.out_type, n: self.n, k: self.k, batch: self.batch, a: self.a, b_transpose: self.b.transpose, b_leading: self.b.leading, m_class: self.m.next_power_of_two() }
     }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 struct ShapeClass {
     data_type: sys::cudaDataType,
+    out_type: sys::cudaDataType,
     n: usize,
     k: usize,
     batch: usize,
@@ -545,7 +556,7 @@ impl Engine {
             Ok(layout)
         };
         let (a, b) = (layout(&key.a)?, layout(&key.b)?);
-        let c = lt::create_matrix_layout(data_type, key.n as u64, key.m as u64, key.ldc)?;
+        let c = lt::create_matrix_layout(key.out_type, key.n as u64, key.m as u64, key.ldc)?;
         set_batch(c, key.batch, key.batch_stride_c)?;
         // SAFETY: attributes of a live descriptor, with buffers of the documented type (i32).
         unsafe {

@@ -55,14 +55,15 @@ pub fn routes_to_cublas<R: CubeRuntime>(dtype: DType) -> bool {
     cuda && matmul_route() == MatmulRoute::Cublas && matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
 }
 
-/// `lhs · rhs` through cuBLASLt, or `None` where it declines the shapes (broadcast batches,
-/// an empty dimension): the caller's own matmul runs then. A library or driver failure panics
-/// with its message (a half-done GEMM leaves nothing to fall back to).
-pub fn cublas_matmul<R: CubeRuntime>(lhs: &CubeTensor<R>, rhs: &CubeTensor<R>) -> Option<CubeTensor<R>> {
+/// `lhs · rhs` through cuBLASLt, as `out` (the operands' dtype or float32), or `None` where it
+/// declines the shapes (broadcast batches, an empty dimension): the caller's own matmul runs
+/// then. A library or driver failure panics with its message (a half-done GEMM leaves nothing
+/// to fall back to).
+pub fn cublas_matmul<R: CubeRuntime>(lhs: &CubeTensor<R>, rhs: &CubeTensor<R>, out: DType) -> Option<CubeTensor<R>> {
     #[cfg(feature = "cublas")]
     {
         let (lhs, rhs) = (crate::cuda::as_cuda(lhs.clone())?, crate::cuda::as_cuda(rhs.clone())?);
-        match crate::cublas::matmul(lhs, rhs) {
+        match crate::cublas::matmul(lhs, rhs, out) {
             Ok(product) => crate::cuda::from_cuda(product),
             Err(crate::cublas::CublasError::Declined(_)) => None,
             Err(failure) => panic!("{failure}"),
@@ -70,7 +71,7 @@ pub fn cublas_matmul<R: CubeRuntime>(lhs: &CubeTensor<R>, rhs: &CubeTensor<R>) -
     }
     #[cfg(not(feature = "cublas"))]
     {
-        let _ = (lhs, rhs);
+        let _ = (lhs, rhs, out);
         None
     }
 }

@@ -23,9 +23,9 @@ pub type GpuRuntime = burn_cubecl::cubecl::cuda::CudaRuntime;
 pub type Gpu<F = f32> = CubeBackend<GpuRuntime, F, i32, u32>;
 /// The same through Burn's fusion layer (what `--backend wgpu` / `cuda` runs).
 #[cfg(not(feature = "cuda"))]
-pub type Fused = burn::backend::Wgpu<f32>;
+pub type Fused<F = f32> = burn::backend::Wgpu<F>;
 #[cfg(feature = "cuda")]
-pub type Fused = burn::backend::Cuda<f32>;
+pub type Fused<F = f32> = burn::backend::Cuda<F>;
 
 /// Puts the process back on CubeCL's matmuls, nothing forced, however a test ends.
 pub struct CubeclAfter;

@@ -9,8 +9,13 @@
 //! prefix + all items is ever built: the only mask is the `L × L` causal one. Padding rows
 //! produce garbage that nobody reads; padding keys sit after every real row, so the causal
 //! mask already hides them.
+//!
+//! The log-sum-exps and the merge are float32 whatever the model's dtype, as a fused kernel
+//! keeps them in registers: a 16-bit log-sum-exp of 20 is off by up to 0.06, which moves a
+//! part's weight in the merge by 6%. The prefix part's scores are float32 where the backend's
+//! matmul writes them so at no extra pass ([`Matmul::matmul_wide`]: cuBLASLt).
 
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn::tensor::{backend::Backend, DType, Int, Tensor, TensorData};
 
 use crate::kv::PrefixKv;
 use crate::layout::ItemLayout;
@@ -32,8 +37,9 @@ pub struct PaddedPlan<B: Backend> {
     softmax: Option<RowSoftmax<B>>,
 }
 
-/// A row softmax with its log-sum-exp, as [`softmax_lse`] computes it.
-pub type RowSoftmax<B> = fn(Tensor<B, 2>) -> (Tensor<B, 2>, Tensor<B, 2>);
+/// A row softmax with its log-sum-exp, as [`softmax_lse`] computes it: the weights in the
+/// dtype given, the log-sum-exp in float32.
+pub type RowSoftmax<B> = fn(Tensor<B, 2>, DType) -> (Tensor<B, 2>, Tensor<B, 2>);
 
 impl<B: Backend> PaddedPlan<B> {
     /// `prefix_spans[g]`: (first token, length) of group `g`'s prefix in the joined prefix K/V;
@@ -74,7 +80,8 @@ impl<B: Backend> PaddedPlan<B> {
     }
 }
 
-/// Attention output with its per-row log-sum-exp, both item-major: `[N, kv, rows, d]`, `[N, kv, rows, 1]`.
+/// Attention output (the values' dtype) with its per-row log-sum-exp (float32), both
+/// item-major: `[N, kv, rows, d]`, `[N, kv, rows, 1]`.
 struct Partial<B: Backend> {
     output: Tensor<B, 4>,
     lse: Tensor<B, 4>,
@@ -110,11 +117,13 @@ fn padded_attention<B: Matmul>(queries: Tensor<B, 4>, keys: Tensor<B, 4>, values
         own.output
     } else {
         let prefix = prefix_attention(queries, prefix, &plan.groups, plan.softmax());
-        // Exact merge of two softmax-normalised parts by their log-sum-exps.
+        // Exact merge of two softmax-normalised parts by their log-sum-exps, in float32.
+        let dtype = own.output.dtype();
         let max = own.lse.clone().max_pair(prefix.lse.clone());
         let own_weight = (own.lse - max.clone()).exp();
         let prefix_weight = (prefix.lse - max).exp();
-        (own.output * own_weight.clone() + prefix.output * prefix_weight.clone()) / (own_weight + prefix_weight)
+        let merged = (cast(own.output, DType::F32) * own_weight.clone() + cast(prefix.output, DType::F32) * prefix_weight.clone()) / (own_weight + prefix_weight);
+        cast(merged, dtype)
     };
     // [N, kv, L·g, d] → [N, L, q_heads·d], heads in checkpoint order.
     output.reshape([items, kv_heads, len, group, head_dim]).swap_dims(1, 2).reshape([items, len, q_heads * head_dim])
@@ -141,13 +150,13 @@ fn prefix_attention<B: Matmul>(queries: Tensor<B, 5>, joined: &PrefixKv<B>, grou
     let mut first = 0;
     for &((prefix_start, prefix_len), count) in groups {
         if prefix_len == 0 {
-            outputs.push(Tensor::zeros([count, kv_heads, rows, head_dim], &device));
-            lses.push(Tensor::full([count, kv_heads, rows, 1], f32::NEG_INFINITY, &device));
+            outputs.push(Tensor::zeros([count, kv_heads, rows, head_dim], (&device, queries.dtype())));
+            lses.push(Tensor::full([count, kv_heads, rows, 1], f32::NEG_INFINITY, (&device, DType::F32)));
         } else {
             let prefix = joined.tokens(prefix_start, prefix_len);
             // [kv, count·rows, d]: one batched matmul per KV head covers every item of the group.
             let group_queries = queries.clone().narrow(0, first, count).swap_dims(0, 1).reshape([kv_heads, count * rows, head_dim]);
-            let scores = B::matmul(group_queries, prefix.keys.clone().swap_dims(1, 2));
+            let scores = B::matmul_wide(group_queries, prefix.keys.clone().swap_dims(1, 2));
             let (output, lse) = softmax_times_values(scores, prefix.values.clone(), softmax);
             let item_major = |t: Tensor<B, 3>| {
                 let width = t.dims()[2];
@@ -162,26 +171,37 @@ fn prefix_attention<B: Matmul>(queries: Tensor<B, 5>, joined: &PrefixKv<B>, grou
 }
 
 /// Softmax of `scores` over the last dimension (by `softmax`, over the scores as rows), times
-/// `values`; with the log-sum-exp per row.
+/// `values`; with the log-sum-exp per row (float32).
 fn softmax_times_values<B: Matmul, const D: usize>(scores: Tensor<B, D>, values: Tensor<B, D>, softmax: RowSoftmax<B>) -> (Tensor<B, D>, Tensor<B, D>) {
     let dims = scores.dims();
     let width = dims[D - 1];
-    let (weights, lse) = softmax(scores.reshape([dims.iter().product::<usize>() / width.max(1), width]));
+    let (weights, lse) = softmax(scores.reshape([dims.iter().product::<usize>() / width.max(1), width]), values.dtype());
     let mut lse_dims = dims;
     lse_dims[D - 1] = 1;
     (B::matmul(weights.reshape(dims), values), lse.reshape(lse_dims))
 }
 
 /// `(exp(scores − lse), lse)` over the last dimension of `scores: [rows, width]`, `lse = log Σ
-/// exp(scores)` `[rows, 1]`: the softmax in Burn's ops (the reference for backends' kernels).
+/// exp(scores)` `[rows, 1]`: the softmax in Burn's ops (the reference for backends' kernels),
+/// in float32, the weights then cast to `weights_dtype`.
 ///
 /// The weights are normalised before the matmul that follows, as `exp(scores − lse)`. Dividing
 /// that matmul's output by the row sums instead, with those sums also feeding the log-sum-exp,
 /// is computed wrong by burn-fusion 0.21 (wgpu; off by O(1), see `benches/gpu/NOTES.md`).
-pub fn softmax_lse<B: Backend>(scores: Tensor<B, 2>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+pub fn softmax_lse<B: Backend>(scores: Tensor<B, 2>, weights_dtype: DType) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    let scores = cast(scores, DType::F32);
     let max = scores.clone().max_dim(1);
     let lse = max.clone() + (scores.clone() - max).exp().sum_dim(1).log();
-    ((scores - lse.clone()).exp(), lse)
+    (cast((scores - lse.clone()).exp(), weights_dtype), lse)
+}
+
+/// `tensor` in `dtype`, untouched where it is already.
+fn cast<B: Backend, const D: usize>(tensor: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
+    if tensor.dtype() == dtype {
+        tensor
+    } else {
+        tensor.cast(dtype)
+    }
 }
 
 /// `[L·group, L]` additive mask: row `r` (position `r / group`) sees keys `0..=r / group`.

@@ -85,8 +85,8 @@ where
         Tensor::from_primitive(TensorPrimitive::Float(silu_mul(gate_up.into_primitive().tensor())))
     }
 
-    fn softmax_lse(scores: Tensor<Self, 2>) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
-        let (weights, lse) = softmax_lse(scores.into_primitive().tensor());
+    fn softmax_lse(scores: Tensor<Self, 2>, weights_dtype: DType) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        let (weights, lse) = softmax_lse(scores.into_primitive().tensor(), weights_dtype);
         (Tensor::from_primitive(TensorPrimitive::Float(weights)), Tensor::from_primitive(TensorPrimitive::Float(lse)))
     }
 
@@ -130,7 +130,7 @@ where
         }
         let (lhs, rhs) = (lhs.into_primitive().tensor(), rhs.into_primitive().tensor());
         let routed = if routes_to_cublas::<R>(dtype) {
-            cublas_matmul(&lhs, &rhs)
+            cublas_matmul(&lhs, &rhs, dtype)
         } else if routes_to_block(dtype) {
             chosen_matmul(&lhs, &rhs)
         } else {
@@ -142,6 +142,18 @@ where
             None => return autotuned_matmul(Tensor::from_primitive(TensorPrimitive::Float(lhs)), Tensor::from_primitive(TensorPrimitive::Float(rhs))),
         };
         Tensor::from_primitive(TensorPrimitive::Float(product))
+    }
+
+    /// cuBLASLt writes float32 from 16-bit operands on its route.
+    fn matmul_wide<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
+        let dtype = lhs.dtype();
+        if dtype != DType::F32 && routes_to_cublas::<R>(dtype) {
+            let product = cublas_matmul(&lhs.clone().into_primitive().tensor(), &rhs.clone().into_primitive().tensor(), DType::F32);
+            if let Some(product) = product {
+                return Tensor::from_primitive(TensorPrimitive::Float(product));
+            }
+        }
+        Self::matmul(lhs, rhs)
     }
 
     fn replaces_matmul(dtype: DType, device: &R::Device) -> bool {
@@ -234,9 +246,9 @@ impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
         into_fusion(B::silu_mul(settle(gate_up)), &client)
     }
 
-    fn softmax_lse(scores: Tensor<Self, 2>) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+    fn softmax_lse(scores: Tensor<Self, 2>, weights_dtype: DType) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
         let client = fusion_client(&scores);
-        let (weights, lse) = B::softmax_lse(settle(scores));
+        let (weights, lse) = B::softmax_lse(settle(scores), weights_dtype);
         (into_fusion(weights, &client), into_fusion(lse, &client))
     }
 
@@ -255,6 +267,14 @@ impl<B: Matmul + FusionBackend> Matmul for Fusion<B> {
         }
         let client = fusion_client(&lhs);
         into_fusion(B::matmul(settle(lhs), settle(rhs)), &client)
+    }
+
+    fn matmul_wide<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
+        if !B::replaces_matmul(lhs.dtype(), &lhs.device()) {
+            return Self::matmul(lhs, rhs);
+        }
+        let client = fusion_client(&lhs);
+        into_fusion(B::matmul_wide(settle(lhs), settle(rhs)), &client)
     }
 
     fn replaces_matmul(dtype: DType, device: &B::Device) -> bool {

@@ -15,7 +15,7 @@ pub mod stored;
 
 use std::ops::Range;
 
-use burn::tensor::{backend::Backend, Tensor};
+use burn::tensor::{backend::Backend, DType, Tensor};
 
 use crate::attention::{self, PaddedPlan};
 use crate::blocks::BlockMatrix;
@@ -101,9 +101,10 @@ pub trait ScoringBackend: Matmul {
         elementwise::silu_mul(gate_up)
     }
 
-    /// The cascade's row softmax with its log-sum-exp: see [`attention::softmax_lse`].
-    fn softmax_lse(scores: Tensor<Self, 2>) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
-        attention::softmax_lse(scores)
+    /// The cascade's row softmax with its log-sum-exp (the weights in `weights_dtype`, the
+    /// log-sum-exp in float32): see [`attention::softmax_lse`].
+    fn softmax_lse(scores: Tensor<Self, 2>, weights_dtype: DType) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        attention::softmax_lse(scores, weights_dtype)
     }
 
     /// Full-vocabulary log-probabilities of each row's labels: see [`lm_head::label_logprobs`].
