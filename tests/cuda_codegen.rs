@@ -45,6 +45,7 @@ mod scoring_pass;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use burn_cubecl::cubecl::server::CubeCount;
 use burn_cubecl::{CubeBackend, FloatElement};
 use burn_fusion::Fusion;
@@ -177,9 +178,21 @@ fn fixture_passes<B: ScoringBackend>() {
     }
 }
 
+/// The cascade's softmax on the float32 scores cuBLASLt writes from 16-bit operands (a GEMM the
+/// offline runtime cannot run, so the cascade above reads scores in `F`), weights in `F`.
+fn softmax_of_float32_scores<F: FloatElement, const ID: u16>() {
+    offline_cuda::running(format!("{:?} softmax of float32 scores", F::dtype()));
+    let (rows, width) = (6, 40);
+    let scores = Tensor::<Offline<F, ID>, 2>::from_data(TensorData::new(vec![0f32; rows * width], [rows, width]), (&Default::default(), DType::F32));
+    let (weights, _) = tally_shaders::softmax_lse(scores.into_primitive().tensor(), F::dtype());
+    // Read back, so the launch has run (and compiled) while this is the generator named.
+    kernel_cases::host(Tensor::<Offline<F, ID>, 2>::from_primitive(TensorPrimitive::Float(weights)));
+}
+
 fn in_float<F: FloatElement, const ID: u16>() {
     println!("{:?}: attention routes", F::dtype());
     attention_routes::<F, ID>();
+    softmax_of_float32_scores::<F, ID>();
     println!("{:?}: fixture models, unfused and through fusion", F::dtype());
     fixture_passes::<Offline<F, ID>>();
     fixture_passes::<Fusion<Offline<F, ID>>>();

@@ -13,7 +13,8 @@ use crate::backend::DeviceArgs;
 
 /// Loads `model` with a prefix cache of `prefix_cache_bytes`, the routes and weight form `flags`
 /// ask for, and passes of `max_batch_tokens` (`--max-batch-tokens`) or, if not given, as many as
-/// the device's free memory allows, else [`PassBudget::default`]'s.
+/// the device's free memory allows, else [`PassBudget::default`]'s; the cascade's score cells a
+/// pass may hold likewise from the device's memory where it tells.
 pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_cache_bytes: usize, max_batch_tokens: Option<usize>, flags: &DeviceArgs) -> Result<Scorer<B>> {
     let routes = flags.routes();
     let options = ScorerOptions { prefix_cache_bytes, weights: flags.weights.into(), ..ScorerOptions::default() };
@@ -43,6 +44,11 @@ pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_c
         (None, None) => PassBudget::default().max_tokens,
     };
     scorer.set_max_pass_tokens(tokens);
+    // Measured with the token budget's, before any pass has taken memory: a later reading would
+    // count the pools the passes keep as used.
+    if let Some(cells) = scorer.device_attention_cells() {
+        scorer.set_max_attention_cells(cells);
+    }
     Ok(scorer)
 }
 

@@ -39,7 +39,21 @@ impl PassBudget {
         let fitting = (free_bytes / 2 / bytes_per_token.max(1)).min(MAX_DEVICE_PASS_TOKENS as u64) as usize;
         (fitting / DEVICE_PASS_STEP * DEVICE_PASS_STEP).max(DEVICE_PASS_STEP)
     }
+
+    /// Most attention score cells per head a pass may take on a device with `free_bytes` of
+    /// memory free after the weights are loaded, for routes that hold a pass's scores in memory
+    /// (the cascade: a float32 score and a weight per cell and query head, `query_heads` of them):
+    /// a quarter of the free memory, beside the half [`Self::tokens_for_memory`] gives the
+    /// activations. At least one cell (an item too large for it still gets a pass of its own).
+    pub fn attention_cells_for_memory(free_bytes: u64, query_heads: usize) -> usize {
+        let cell_bytes = (query_heads as u64 * SCORE_CELL_BYTES).max(1);
+        usize::try_from(free_bytes / 4 / cell_bytes).unwrap_or(usize::MAX).max(1)
+    }
 }
+
+/// Bytes of one cascade score cell of one head at most: its float32 score and its weight
+/// (float32 at most).
+const SCORE_CELL_BYTES: u64 = 8;
 
 /// One item to schedule: its own length, the length of the prefix it attends to, and its
 /// request (`group`) with that request's number of labels.
@@ -116,6 +130,17 @@ mod tests {
     #[test]
     fn everything_fits_in_one_pass_under_a_large_budget() {
         assert_eq!(plan_passes(&shapes(10, &[3, 1, 2]), PassBudget::default()), vec![vec![1, 2, 0]]);
+    }
+
+    #[test]
+    fn device_cell_budgets_use_a_quarter_of_the_free_memory() {
+        // An H200 with a 0.6B model loaded, 16 query heads: S1's 20.4 M cells a head fit one pass.
+        assert_eq!(PassBudget::attention_cells_for_memory(138 << 30, 16), (138usize << 30) / 4 / 128);
+        assert!(PassBudget::attention_cells_for_memory(138 << 30, 16) > 10_000 * 2_040);
+        // Just under and at one cell's bytes a quarter; nothing free still leaves one cell.
+        assert_eq!(PassBudget::attention_cells_for_memory(4 * 128 * 1000 - 1, 16), 999);
+        assert_eq!(PassBudget::attention_cells_for_memory(4 * 128 * 1000, 16), 1000);
+        assert_eq!(PassBudget::attention_cells_for_memory(0, 16), 1);
     }
 
     #[test]

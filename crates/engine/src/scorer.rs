@@ -127,6 +127,20 @@ impl<B: ScoringBackend> Scorer<B> {
         Some(PassBudget::tokens_for_memory(free, self.model.pass_bytes_per_token()))
     }
 
+    /// Most attention score cells per head a pass on a scores-in-memory route may take that the
+    /// device's free memory allows ([`PassBudget::attention_cells_for_memory`]), or `None`
+    /// where the backend cannot tell (the CPU, wgpu).
+    pub fn device_attention_cells(&self) -> Option<usize> {
+        let free = B::free_memory(&self.model.device())?;
+        Some(PassBudget::attention_cells_for_memory(free, self.model.config().num_attention_heads))
+    }
+
+    /// Most attention score cells per head a pass may take from now on, where the route holds
+    /// a pass's scores in memory (the cascade).
+    pub fn set_max_attention_cells(&mut self, cells: usize) {
+        self.options.pass_budget.max_attention_cells = cells;
+    }
+
     /// Most padded item tokens per pass from now on (and the largest warm-up pass).
     pub fn set_max_pass_tokens(&mut self, tokens: usize) {
         self.options.pass_budget.max_tokens = tokens;
