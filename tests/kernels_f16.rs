@@ -120,7 +120,7 @@ fn softmax_lse_writes_f16_weights_and_a_float32_lse() {
 }
 
 /// The cascade in f16, its softmax in Burn's ops and in tally's kernel, on the cube backend and
-/// through fusion (on CUDA also with cuBLASLt's matmuls, whose prefix scores are float32),
+/// through fusion (on CUDA also with cuBLASLt's matmuls, their scores float32 and f16),
 /// against the float32 CPU reference: the log-sum-exps and the merge run in float32, so only
 /// f16's roundings of inputs, weights and outputs remain.
 fn the_cascade_in_f16_merges_in_float32() {
@@ -128,17 +128,20 @@ fn the_cascade_in_f16_merges_in_float32() {
         Case { groups: vec![(2020, vec![20, 20, 3]), (0, vec![5, 1]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128 },
         Case { groups: vec![(600, vec![5, 3]), (1, vec![1])], q_heads: 4, kv_heads: 2, head_dim: 16 },
     ];
+    use tally_shaders::MatmulRoute;
+    // (matmul route, float32 scores where cuBLASLt can write them).
     #[cfg(feature = "cuda")]
-    let matmuls = [tally_shaders::MatmulRoute::Cubecl, tally_shaders::MatmulRoute::Cublas];
+    let matmuls = [(MatmulRoute::Cubecl, true), (MatmulRoute::Cublas, true), (MatmulRoute::Cublas, false)];
     #[cfg(not(feature = "cuda"))]
-    let matmuls = [tally_shaders::MatmulRoute::Cubecl];
+    let matmuls = [(MatmulRoute::Cubecl, true)];
     for (seed, case) in cases.iter().enumerate() {
         let seed = 40 + seed as u64;
         let expected = case.expected(seed);
-        for matmul in matmuls {
+        for (matmul, float32_scores) in matmuls {
             let _cubecl_after = kernel_cases::CubeclAfter;
             tally_shaders::set_matmul_route(matmul);
-            let what = |backend: &str| format!("{backend}, {matmul:?} matmuls, {}", case.name());
+            tally_shaders::set_wide_products_in_float32(float32_scores);
+            let what = |backend: &str| format!("{backend}, {matmul:?} matmuls, float32 scores {float32_scores}, {}", case.name());
             assert_close(&case.plain_on::<Gpu<half::f16>>(seed), &expected, 1e-2, &what("cube backend, Burn's softmax"));
             assert_close(&case.routed_on::<Gpu<half::f16>>(seed, AttentionRoute::Cascade), &expected, 1e-2, &what("cube backend, softmax kernel"));
             assert_close(&case.plain_on::<Fused<half::f16>>(seed), &expected, 1e-2, &what("fusion, Burn's softmax"));

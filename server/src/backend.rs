@@ -105,6 +105,16 @@ pub enum CublasOrdering {
     Sync,
 }
 
+/// The dtype of the cascade's prefix scores on cuBLASLt (`--cascade-scores`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CascadeScores {
+    /// cuBLASLt's float32 accumulators as they are, as the attention kernels keep their scores.
+    Float32,
+    /// Rounded to the model's dtype: half the bytes written and read back by the softmax
+    /// (bf16: 2⁻⁹ relative, up to 0.06 on a score of 20).
+    Model,
+}
+
 /// How weight matrices are held (`tally_model::WeightForm`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Weights {
@@ -144,6 +154,11 @@ pub struct DeviceArgs {
     /// fastest (default 1: the heuristic's first, untimed).
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=16))]
     pub cublas_algos: Option<u8>,
+    /// The dtype the cascade (`--attention cascade`, `bench attention`'s) writes its prefix
+    /// scores in where `--matmul cublas` multiplies 16-bit operands; elsewhere they are in the
+    /// model's dtype, and other routes keep their scores on chip in float32.
+    #[arg(long, value_enum, default_value_t = CascadeScores::Float32)]
+    pub cascade_scores: CascadeScores,
     #[arg(long, value_enum, default_value_t = Elementwise::Auto)]
     pub elementwise: Elementwise,
     #[arg(long, value_enum, default_value_t = Weights::Compact)]
@@ -295,6 +310,7 @@ pub trait WithBackend {
 pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output> {
     let DeviceArgs { backend, dtype, flush_denormals, .. } = device;
     pick_matmul(&device)?;
+    tally_model::set_wide_products_in_float32(device.cascade_scores == CascadeScores::Float32);
     if flush_denormals {
         anyhow::ensure!(backend == BackendKind::Cuda, "--flush-denormals is an NVRTC option: it needs --backend cuda");
         #[cfg(feature = "cuda")]
@@ -413,6 +429,7 @@ mod tests {
             matmul: Matmul::Auto,
             cublas_ordering: None,
             cublas_algos: None,
+            cascade_scores: CascadeScores::Float32,
             elementwise: Elementwise::Auto,
             weights: Weights::Compact,
             tile_rows: None,

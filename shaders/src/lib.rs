@@ -48,7 +48,7 @@ pub use attention::{fragment_loads, tensor_core_tiles, tile_fits, AttentionKerne
 pub use f32_matmul::{f32_matmul, matmul_rounds_to_tf32};
 pub use label_logprobs::StreamedLabelLogprobs;
 pub use matmul_choice::{chosen_matmul, force_matmul, matmul_choices, set_matmul_choice, unchosen_matmul_shapes, MatmulKernel, MatmulShape};
-pub use matmul_route::{cublas_matmul, routes_to_block, routes_to_cublas, set_matmul_route, MatmulRoute};
+pub use matmul_route::{cublas_matmul, routes_to_block, routes_to_cublas, set_matmul_route, set_wide_products_in_float32, wide_product_dtype, MatmulRoute};
 pub use rms_norm::add_rms_norm;
 pub use rope::norm_rope;
 pub use softmax::softmax_lse;

@@ -3,7 +3,7 @@
 //! feature `cublas`, CUDA only). One process-wide choice, set once by the command line (or the
 //! browser page) before the model runs.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use burn_backend::DType;
 use burn_cubecl::tensor::CubeTensor;
@@ -53,6 +53,27 @@ pub fn routes_to_cublas<R: CubeRuntime>(dtype: DType) -> bool {
     #[cfg(not(feature = "cublas"))]
     let cuda = false;
     cuda && matmul_route() == MatmulRoute::Cublas && matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+}
+
+static WIDE_PRODUCTS_IN_MODEL_DTYPE: AtomicBool = AtomicBool::new(false);
+
+/// Whether cuBLASLt writes the products read at float32 precision after them (the cascade's
+/// prefix scores, `Matmul::matmul_wide`) in float32, the process's default, or in their 16-bit
+/// operands' dtype (`--cascade-scores model`: half the bytes written and read again, at bf16's
+/// 2⁻⁹ relative rounding).
+pub fn set_wide_products_in_float32(float32: bool) {
+    WIDE_PRODUCTS_IN_MODEL_DTYPE.store(!float32, Ordering::Relaxed);
+}
+
+/// The dtype `R`'s wide products of `dtype` operands come in: float32 on the cuBLASLt route
+/// (unless [`set_wide_products_in_float32`] said otherwise), which writes its float32
+/// accumulators as they are; `dtype` elsewhere, where float32 would cost a pass of its own.
+pub fn wide_product_dtype<R: CubeRuntime>(dtype: DType) -> DType {
+    if dtype != DType::F32 && routes_to_cublas::<R>(dtype) && !WIDE_PRODUCTS_IN_MODEL_DTYPE.load(Ordering::Relaxed) {
+        DType::F32
+    } else {
+        dtype
+    }
 }
 
 /// `lhs · rhs` through cuBLASLt, as `out` (the operands' dtype or float32), or `None` where it

@@ -27,13 +27,15 @@ pub type Fused<F = f32> = burn::backend::Wgpu<F>;
 #[cfg(feature = "cuda")]
 pub type Fused<F = f32> = burn::backend::Cuda<F>;
 
-/// Puts the process back on CubeCL's matmuls, nothing forced, however a test ends.
+/// Puts the process back on CubeCL's matmuls, nothing forced (and cuBLASLt's wide products in
+/// float32), however a test ends.
 pub struct CubeclAfter;
 
 impl Drop for CubeclAfter {
     fn drop(&mut self) {
         tally_shaders::force_matmul(None);
         tally_shaders::set_matmul_route(tally_shaders::MatmulRoute::Cubecl);
+        tally_shaders::set_wide_products_in_float32(true);
     }
 }
 

@@ -12,8 +12,8 @@
 //!
 //! The log-sum-exps and the merge are float32 whatever the model's dtype, as a fused kernel
 //! keeps them in registers: a 16-bit log-sum-exp of 20 is off by up to 0.06, which moves a
-//! part's weight in the merge by 6%. The prefix part's scores are float32 where the backend's
-//! matmul writes them so at no extra pass ([`Matmul::matmul_wide`]: cuBLASLt).
+//! part's weight in the merge by 6%. The scores are float32 where the backend's matmul writes
+//! them so at no extra pass ([`Matmul::matmul_wide`]: cuBLASLt).
 
 use burn::tensor::{backend::Backend, DType, Int, Tensor, TensorData};
 
@@ -41,7 +41,7 @@ pub struct PaddedPlan<B: Backend> {
 /// dtype given, the log-sum-exp in float32.
 pub type RowSoftmax<B> = fn(Tensor<B, 2>, DType) -> (Tensor<B, 2>, Tensor<B, 2>);
 
-impl<B: Backend> PaddedPlan<B> {
+impl<B: Matmul> PaddedPlan<B> {
     /// `prefix_spans[g]`: (first token, length) of group `g`'s prefix in the joined prefix K/V;
     /// `group`: query heads per KV head.
     pub fn new(layout: &ItemLayout, prefix_spans: &[(usize, usize)], group: usize, device: &B::Device) -> Self {
@@ -57,7 +57,8 @@ impl<B: Backend> PaddedPlan<B> {
         PaddedPlan {
             padded_rows: index(padded_rows),
             packed_rows: index(packed_rows),
-            causal_bias: causal_bias(len, group, device),
+            // In the dtype the scores it is added to come in.
+            causal_bias: cast(causal_bias(len, group, device), B::wide_dtype(<B::FloatElem as burn::tensor::Element>::dtype())),
             groups: prefix_spans.iter().copied().zip(layout.group_sizes()).collect(),
             items,
             len,
@@ -133,7 +134,7 @@ fn padded_attention<B: Matmul>(queries: Tensor<B, 4>, keys: Tensor<B, 4>, values
 fn own_item_attention<B: Matmul>(queries: Tensor<B, 5>, keys: Tensor<B, 4>, values: Tensor<B, 4>, causal_bias: &Tensor<B, 2>, softmax: RowSoftmax<B>) -> Partial<B> {
     let [items, kv_heads, len, group, head_dim] = queries.dims();
     let queries = queries.reshape([items, kv_heads, len * group, head_dim]);
-    let scores = B::matmul(queries, keys.swap_dims(2, 3)) + causal_bias.clone().unsqueeze::<4>();
+    let scores = B::matmul_wide(queries, keys.swap_dims(2, 3)) + causal_bias.clone().unsqueeze::<4>();
     let (output, lse) = softmax_times_values(scores, values, softmax);
     Partial { output, lse }
 }

@@ -44,7 +44,7 @@ pub mod weights;
 
 pub use backend::{PlannedAttention, ScoringBackend};
 #[cfg(feature = "cubecl")]
-pub use tally_shaders::{set_matmul_route, MatmulRoute};
+pub use tally_shaders::{set_matmul_route, set_wide_products_in_float32, MatmulRoute};
 /// The cuBLASLt route's availability check and per-shape profile.
 #[cfg(feature = "cublas")]
 pub use tally_shaders::cublas;

@@ -13,10 +13,16 @@ pub trait Matmul: Backend {
 
     /// `lhs · rhs` for a product read at float32 precision after it (the cascade's attention
     /// scores, which a softmax exponentiates): float32 where this backend's matmul writes its
-    /// float32 accumulators as they are for 16-bit operands (cuBLASLt), else as [`Self::matmul`]
-    /// gives it — a cast after the fact would add a pass and no precision.
+    /// float32 accumulators as they are for 16-bit operands (cuBLASLt, unless
+    /// `--cascade-scores model`), else as [`Self::matmul`] gives it — a cast after the fact
+    /// would add a pass and no precision.
     fn matmul_wide<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
         Self::matmul(lhs, rhs)
+    }
+
+    /// The dtype [`Self::matmul_wide`] writes for `dtype` operands.
+    fn wide_dtype(dtype: DType) -> DType {
+        dtype
     }
 
     /// Whether [`Self::matmul`] of `dtype` operands on `device` is another route than the

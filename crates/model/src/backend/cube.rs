@@ -5,7 +5,7 @@ use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr};
-use tally_shaders::{add_rms_norm, chosen_matmul, norm_rope, routes_to_block, silu_mul, cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, softmax_lse, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
+use tally_shaders::{add_rms_norm, chosen_matmul, norm_rope, routes_to_block, silu_mul, cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, softmax_lse, wide_product_dtype, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
 use super::stored::{Limits, StoredMatrix};
 use super::{PlannedAttention, ScoringBackend};
@@ -146,14 +146,18 @@ where
 
     /// cuBLASLt writes float32 from 16-bit operands on its route.
     fn matmul_wide<const D: usize>(lhs: Tensor<Self, D>, rhs: Tensor<Self, D>) -> Tensor<Self, D> {
-        let dtype = lhs.dtype();
-        if dtype != DType::F32 && routes_to_cublas::<R>(dtype) {
-            let product = cublas_matmul(&lhs.clone().into_primitive().tensor(), &rhs.clone().into_primitive().tensor(), DType::F32);
+        let (dtype, wide) = (lhs.dtype(), Self::wide_dtype(lhs.dtype()));
+        if wide != dtype {
+            let product = cublas_matmul(&lhs.clone().into_primitive().tensor(), &rhs.clone().into_primitive().tensor(), wide);
             if let Some(product) = product {
                 return Tensor::from_primitive(TensorPrimitive::Float(product));
             }
         }
         Self::matmul(lhs, rhs)
+    }
+
+    fn wide_dtype(dtype: DType) -> DType {
+        wide_product_dtype::<R>(dtype)
     }
 
     fn replaces_matmul(dtype: DType, device: &R::Device) -> bool {
@@ -275,6 +279,10 @@ impl<B: Matmul + FusionBackend> Matmul for Fusion<B> {
         }
         let client = fusion_client(&lhs);
         into_fusion(B::matmul_wide(settle(lhs), settle(rhs)), &client)
+    }
+
+    fn wide_dtype(dtype: DType) -> DType {
+        B::wide_dtype(dtype)
     }
 
     fn replaces_matmul(dtype: DType, device: &B::Device) -> bool {

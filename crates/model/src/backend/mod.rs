@@ -132,6 +132,12 @@ impl<B: Matmul> PlannedAttention<B> for PaddedPlan<B> {
     }
 
     fn launched(&self, _head_dim: usize) -> String {
-        if self.has_softmax_kernel() { "cascade (Burn ops, tally's softmax kernel)" } else { "cascade (plain Burn ops)" }.into()
+        let softmax = if self.has_softmax_kernel() { "Burn ops, tally's softmax kernel" } else { "plain Burn ops" };
+        let dtype = <B::FloatElem as burn::tensor::Element>::dtype();
+        if dtype != DType::F32 && B::wide_dtype(dtype) == DType::F32 {
+            format!("cascade ({softmax}, float32 prefix scores)")
+        } else {
+            format!("cascade ({softmax})")
+        }
     }
 }
