@@ -163,8 +163,9 @@ make_model() { [ -f $model/config.json ] || "$cuda" make-model --preset $preset 
 # elementwise-burn, cublas-sync, cublas-algos, cascade); a lease that measured them once can spend
 # the time elsewhere. cublas-algos: each GEMM shape class's algorithm the fastest of cuBLASLt's
 # first 8 heuristic picks, timed (the search's table goes to the log and to a .stdout beside the
-# JSON). cascade: S1 on the cascade (its GEMMs on the matmul route, its softmax tally's kernel),
-# where TALLY_SUITE_ATTENTIONS does not run it already.
+# JSON). cascade: S1 on the cascade (its GEMMs on the matmul route, its softmax tally's kernel,
+# its scores float32 on cuBLASLt), where TALLY_SUITE_ATTENTIONS does not run it already; its
+# GEMM table (the cascade's batched score and weight GEMMs by shape) to a .stdout likewise.
 scenario_extras=${TALLY_SUITE_SCENARIO_EXTRAS-split elementwise-burn cublas-sync cublas-algos cascade}
 has_extra() { [[ " $scenario_extras " == *" $1 "* ]]; }
 scenario_stage() {
@@ -197,7 +198,8 @@ scenario_stage() {
             [ "$matmul" = cublas ] && has_extra cublas-sync && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags cublas-sync) "${tile_flags[@]}" --out "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-sync.json" || ok=1; }
             has_extra cascade && [[ " $attentions " != *" cascade "* ]] && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
-                --attention cascade $(matmul_flags $matmul) --out "$out/scenario-s1-$gpu-$dtype-cascade-$matmul.json" || ok=1; }
+                --attention cascade $(matmul_flags $matmul) --out "$out/scenario-s1-$gpu-$dtype-cascade-$matmul.json" \
+                | tee "$out/scenario-s1-$gpu-$dtype-cascade-$matmul.stdout" || ok=1; }
             [ "$matmul" = cublas ] && has_extra cublas-algos && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention --matmul cublas --cublas-algos 8 "${tile_flags[@]}" --out "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-algos8.json" \
                 | tee "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-algos8.stdout" || ok=1; }
