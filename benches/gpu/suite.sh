@@ -137,7 +137,7 @@ attention_stage() {
     # The cascade's softmax in Burn's ops (the first run above has tally's kernel where the
     # elementwise route is the kernels', CUDA's default).
     "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --elementwise burn --routes cascade --out "$out/attention-$gpu-$last-cascade-burn-softmax.json" || ok=1
-    # Its prefix scores rounded to the model's dtype (half the bytes; the first run has cuBLASLt's
+    # Its scores rounded to the model's dtype (half the bytes; the first run has cuBLASLt's
     # float32 accumulators as they are).
     "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --cascade-scores model --routes cascade --out "$out/attention-$gpu-$last-cascade-model-scores.json" || ok=1
     "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --fragment-loads elements --routes tiled,flash --out "$out/attention-$gpu-$last-element-loads.json" || ok=1

@@ -105,7 +105,7 @@ pub enum CublasOrdering {
     Sync,
 }
 
-/// The dtype of the cascade's prefix scores on cuBLASLt (`--cascade-scores`).
+/// The dtype of the cascade's scores on cuBLASLt (`--cascade-scores`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum CascadeScores {
     /// cuBLASLt's float32 accumulators as they are, as the attention kernels keep their scores.
@@ -154,8 +154,8 @@ pub struct DeviceArgs {
     /// fastest (default 1: the heuristic's first, untimed).
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=16))]
     pub cublas_algos: Option<u8>,
-    /// The dtype the cascade (`--attention cascade`, `bench attention`'s) writes its prefix
-    /// scores in where `--matmul cublas` multiplies 16-bit operands; elsewhere they are in the
+    /// The dtype the cascade (`--attention cascade`, `bench attention`'s) writes its scores in
+    /// where `--matmul cublas` multiplies 16-bit operands; elsewhere they are in the
     /// model's dtype, and other routes keep their scores on chip in float32.
     #[arg(long, value_enum, default_value_t = CascadeScores::Float32)]
     pub cascade_scores: CascadeScores,

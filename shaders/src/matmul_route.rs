@@ -58,7 +58,7 @@ pub fn routes_to_cublas<R: CubeRuntime>(dtype: DType) -> bool {
 static WIDE_PRODUCTS_IN_MODEL_DTYPE: AtomicBool = AtomicBool::new(false);
 
 /// Whether cuBLASLt writes the products read at float32 precision after them (the cascade's
-/// prefix scores, `Matmul::matmul_wide`) in float32, the process's default, or in their 16-bit
+/// scores, `Matmul::matmul_wide`) in float32, the process's default, or in their 16-bit
 /// operands' dtype (`--cascade-scores model`: half the bytes written and read again, at bf16's
 /// 2⁻⁹ relative rounding).
 pub fn set_wide_products_in_float32(float32: bool) {

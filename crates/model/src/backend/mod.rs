@@ -135,7 +135,7 @@ impl<B: Matmul> PlannedAttention<B> for PaddedPlan<B> {
         let softmax = if self.has_softmax_kernel() { "Burn ops, tally's softmax kernel" } else { "plain Burn ops" };
         let dtype = <B::FloatElem as burn::tensor::Element>::dtype();
         if dtype != DType::F32 && B::wide_dtype(dtype) == DType::F32 {
-            format!("cascade ({softmax}, float32 prefix scores)")
+            format!("cascade ({softmax}, float32 scores)")
         } else {
             format!("cascade ({softmax})")
         }
