@@ -87,10 +87,11 @@ fn tensor_core_fragment_loads_are_ptxs() {
 /// The cascade's softmax kernel between dtypes, against float64: float32 scores (what cuBLASLt
 /// writes from 16-bit operands) and f16 ones, weights in f16 (what the matmul after reads), the
 /// log-sum-exp in float32 — an f16 one (2⁻¹¹ relative) would miss its tolerance 40-fold. Rows
-/// of S1's 2,020 prefix keys and of one key, masked keys as the causal bias makes them.
+/// of one key, just under, at and past the kernel's 256 units a row, and of S1's 2,020 prefix
+/// keys; masked keys as the causal bias makes them.
 fn softmax_lse_writes_f16_weights_and_a_float32_lse() {
     let device = Default::default();
-    for (seed, (rows, width)) in [(300, 2020), (7, 1), (33, 257)].into_iter().enumerate() {
+    for (seed, (rows, width)) in [(7, 1), (31, 255), (32, 256), (33, 257), (300, 2020)].into_iter().enumerate() {
         let mut scores = kernel_cases::random(900 + seed as u64, rows * width, 20.0);
         for row in 0..rows {
             for key in (row % width + 1..width).step_by(3) {

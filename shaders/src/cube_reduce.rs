@@ -29,8 +29,8 @@ pub(crate) fn cube_reduce(partials: &mut SharedMemory<f32>, value: f32, #[compti
 }
 
 /// Below any real value, and finite: WGSL cannot spell −∞ (a value may be −∞ itself: a masked
-/// score).
-const NO_VALUE: f32 = -1.0e30;
+/// score). Also where a running maximum starts before its first row (the label log-sum-exp's).
+pub(crate) const NO_VALUE: f32 = -1.0e30;
 
 /// The row `values[base .. base + width]`, read by the cube's units in turn: its maximum and
 /// `Σ exp(v − max)`, returned to every unit (`partials` as for [`cube_reduce`]; it holds the sum

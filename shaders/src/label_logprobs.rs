@@ -11,7 +11,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use burn_backend::{DType, Shape, TensorMetadata};
 
-use crate::cube_reduce::row_max_and_exp_sum;
+use crate::cube_reduce::{row_max_and_exp_sum, NO_VALUE};
 use crate::grid::{cube_index, cubes};
 
 /// Units per row: a power of two for the tree reductions.
@@ -19,9 +19,6 @@ const UNITS_PER_ROW: usize = 256;
 
 /// Units per cube of the finishing kernel, one element each.
 const FINISH_UNITS: usize = 256;
-
-/// Below any real logit, and finite: WGSL cannot spell −∞.
-const NO_LOGIT: f32 = -1.0e30;
 
 /// Running state of the streamed log-softmax for `rows` rows and a `[rows, width]` label table.
 pub struct StreamedLabelLogprobs<R: CubeRuntime> {
@@ -48,9 +45,9 @@ impl<R: CubeRuntime> StreamedLabelLogprobs<R> {
             let bytes: Vec<u8> = std::iter::repeat_n(value.to_le_bytes(), shape.num_elements().max(1)).flatten().collect();
             CubeTensor::new_contiguous(client.clone(), device.clone(), shape, client.create_from_slice(&bytes), DType::F32)
         };
-        let running_max = fill(Shape::new([rows]), NO_LOGIT);
+        let running_max = fill(Shape::new([rows]), NO_VALUE);
         let running_sum = fill(Shape::new([rows]), 0.0);
-        let label_logits = fill(Shape::new([rows, width]), NO_LOGIT);
+        let label_logits = fill(Shape::new([rows, width]), NO_VALUE);
         Self { labels, running_max, running_sum, label_logits, vocab_seen: 0 }
     }
 
