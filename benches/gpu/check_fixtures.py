@@ -1,6 +1,12 @@
 #!/usr/bin/env python3
 """Every fixture case through a `tally` binary on one backend and dtype, against the float64
-reference scores committed with the case, plus packed == per-item on each case's items.
+reference scores committed with the case, plus packed == per-item on each case's items: the first
+three items scored one at a time are held to the reference too, and to the packed scores at the
+same tolerance. Not a tenth of it, as before the H200 run of 2026-11-27: per-item requests run
+other GEMM shapes (cuBLASLt picks its kernel by the rows), whose float32 sums add in another order,
+and on a probability of 3e-7 a logit's absolute error of 1e-4 is a relative one (float32's
+`qwen2_gguf_k_quants`: packed 4.4e-5 from float64, packed against per-item 1.2e-4). A packing
+fault (an item seeing another) moves scores by far more than either tolerance.
 
     check_fixtures.py TALLY --backend cuda --dtype bfloat16 --tolerance 3e-2 [--out result.json]
 
@@ -76,12 +82,12 @@ def main():
     parser.add_argument("--matmul", default="cubecl", choices=["cubecl", "cublas", "cublas-sync", "block"],
                         help="cublas-sync: cuBLASLt with host syncs around each GEMM (--cublas-ordering sync)")
     parser.add_argument("--tolerance", type=float, default=1e-3)
-    parser.add_argument("--packed-tolerance", type=float, default=None, help="packed vs per-item (default: the tolerance / 10)")
+    parser.add_argument("--packed-tolerance", type=float, default=None, help="packed vs per-item (default: the tolerance)")
     parser.add_argument("--cases", default="", help="only cases whose name contains this")
     parser.add_argument("--tally-flags", default="", help="more flags for `tally serve`, e.g. '--fragment-loads elements'")
     parser.add_argument("--out")
     args = parser.parse_args()
-    packed_tolerance = args.packed_tolerance if args.packed_tolerance is not None else args.tolerance / 10
+    packed_tolerance = args.packed_tolerance if args.packed_tolerance is not None else args.tolerance
 
     results, failed = [], 0
     cases = [(path.stem, json.loads(path.read_text())) for path in sorted((FIXTURES / "cases").glob("*.json")) if args.cases in path.stem]
@@ -100,14 +106,16 @@ def main():
                 row["reference_rel_error"] = worst_relative_error(packed, case["expected_scores"])
                 # The first three items one at a time: packing must not change an item's answer.
                 singles = [server.score({**case["request"], "items": [item]})[0] for item in case["request"]["items"][:3]]
+                row["single_reference_rel_error"] = worst_relative_error(singles, case["expected_scores"][: len(singles)])
                 row["packed_vs_single_rel_error"] = worst_relative_error(packed[: len(singles)], singles)
-                row["ok"] = row["reference_rel_error"] <= args.tolerance and row["packed_vs_single_rel_error"] <= packed_tolerance
+                row["ok"] = (max(row["reference_rel_error"], row["single_reference_rel_error"]) <= args.tolerance
+                             and row["packed_vs_single_rel_error"] <= packed_tolerance)
             except (RuntimeError, KeyError, ValueError, OSError) as error:
                 row["ok"], row["error"] = False, str(error)
             row["seconds"] = round(time.monotonic() - start, 2)
             failed += not row["ok"]
             results.append(row)
-            detail = row.get("error") or f"reference {row['reference_rel_error']:.2e}  packed/single {row['packed_vs_single_rel_error']:.2e}"
+            detail = row.get("error") or f"reference {row['reference_rel_error']:.2e}  singles {row['single_reference_rel_error']:.2e}  packed/single {row['packed_vs_single_rel_error']:.2e}"
             print(f"{'ok  ' if row['ok'] else 'FAIL'} {args.backend}/{args.dtype}/{args.attention}/{args.matmul}/{args.elementwise} {name:40} {detail}", flush=True)
         if server is not None:
             server.stop()

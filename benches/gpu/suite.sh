@@ -10,7 +10,7 @@
 # TALLY_SUITE_ATTENTIONS (flash tiled kernel cascade; the first is the one profiled and split),
 # TALLY_SUITE_TILES (the tile kernels' other tile shapes the attention stage times), TALLY_SUITE_SCENARIOS (s1 s2), TALLY_SUITE_CASES and
 # TALLY_SUITE_PEER_SCENARIOS narrow them, TALLY_SUITE_KERNEL_TESTS the kernel stage's test
-# executables (kernels kernels_f16 models_on_gpu). TALLY_SUITE_TILE_FLAGS adds flags to every command that
+# executables (kernels kernels_f16 models_on_gpu; each cut at TALLY_SUITE_KERNEL_SECONDS, 240). TALLY_SUITE_TILE_FLAGS adds flags to every command that
 # runs the tile kernels (e.g. "--fragment-loads elements" should ldmatrix fail on a machine).
 # TALLY_SUITE_FLASH_VARIANTS the flash kernel's variants timed beside its default (see below).
 # TALLY_SUITE_NCU_LAUNCHES (80) and TALLY_SUITE_NCU_SECONDS (300) bound the ncu stage,
@@ -34,18 +34,16 @@ attentions=${TALLY_SUITE_ATTENTIONS:-flash tiled kernel cascade}
 scenarios=${TALLY_SUITE_SCENARIOS:-s1 s2}
 tiles=${TALLY_SUITE_TILES-64x16 128x32}  # empty: no sweep
 # The flash kernel's variants the attention and scenario stages time beside its default, as
-# NAME=FLAGS with the flags joined by commas: its next key step by cp.async; FlashAttention-2's
-# 32 rows a warp (the query read from shared memory; with cp.async, which frees the registers
-# the read-ahead holds), at 64- and 32-key steps, and at 64 with every kernel compiled with
-# denormals flushed (one instruction an exponential). Empty: none.
-flash_variants=${TALLY_SUITE_FLASH_VARIANTS-cp-async=--kv-staging,cp-async warp32=--kv-staging,cp-async,--warp-rows,32 warp32-ftz=--kv-staging,cp-async,--warp-rows,32,--flush-denormals warp32-keys32=--kv-staging,cp-async,--warp-rows,32,--tile-keys,32}
+# NAME=FLAGS with the flags joined by commas. CUDA's default since the H200 run of 2026-11-27 is
+# 128x64 with cp.async staging, 32 rows a warp and denormals flushed; each variant undoes one of
+# them (denormals kept; 16 rows a warp; 32-key steps), and `registers` is the default before it
+# (register read-ahead, 16 rows a warp, denormals kept). Empty: none.
+flash_variants=${TALLY_SUITE_FLASH_VARIANTS-keep-denormals=--flush-denormals,false warp16=--warp-rows,16 keys32=--tile-keys,32 registers=--kv-staging,registers,--warp-rows,16,--flush-denormals,false}
 dry=${TALLY_SUITE_DRY_RUN:-0}
-# A variant's flags; the CPU rehearsal drops --flush-denormals, an NVRTC option CUDA alone takes.
+# A variant's flags, as words.
 variant_flags() {
     local flags=${1#*=}
-    flags=${flags//,/ }
-    [ "$dry" = 1 ] && flags=${flags//--flush-denormals/}
-    echo "$flags"
+    echo "${flags//,/ }"
 }
 read -r -a tile_flags <<<"${TALLY_SUITE_TILE_FLAGS:-}"
 bin=/tmp/tally-suite
@@ -102,7 +100,7 @@ fixtures_stage() {
     for dtype in ${TALLY_SUITE_FIXTURE_DTYPES:-$gpu_dtypes}; do
         tol="--tolerance 1e-3"; cases=${TALLY_SUITE_CASES:-}
         # bf16 checks only the mild cases: the sharp ones are beyond any bf16 forward (fixtures-bf16-floor.json).
-        [ "$dtype" = bfloat16 ] && tol="--tolerance 3e-2 --packed-tolerance 3e-2" && cases=${TALLY_SUITE_CASES:-mild_bf16}
+        [ "$dtype" = bfloat16 ] && tol="--tolerance 3e-2" && cases=${TALLY_SUITE_CASES:-mild_bf16}
         for attention in $attentions; do
             for matmul in $matmuls; do
                 # Correctness needs no tuned matmuls: minimal autotuning (seen on the H100: ~40 s a
@@ -288,7 +286,7 @@ ncu_stage() {
 # every fixture model's forward, unfused and through fusion. The rehearsal lists the same tests
 # built for wgpu, as the workspace's `cargo test` built (and ran) them: nothing is rebuilt.
 kernels_stage() {
-    local ok=0 name path
+    local ok=0 name path status
     if [ "$dry" = 1 ]; then
         cargo test --release --locked --workspace --no-run --message-format=json 2>/dev/null | benches/gpu/test_executables.py tally-shaders
     else
@@ -307,7 +305,14 @@ kernels_stage() {
         if [ "$dry" = 1 ]; then
             "$path" --list || ok=1
         else
-            TALLY_FIXTURES=$repo/tests/fixtures "$path" --test-threads 1 2>&1 | tee "$out/kernels-$name.log" || ok=1
+            # CubeK's matmuls (the tests' CubeCL route) autotune at the minimal level, as the
+            # fixtures do: on 2026-11-27 the f16 cascade test ran 250 s on CUDA without an answer,
+            # most likely autotuning each of its shapes at the full level. A binary past its time
+            # is cut, and the next one runs.
+            CUBECL_AUTOTUNE_LEVEL=minimal TALLY_FIXTURES=$repo/tests/fixtures timeout ${TALLY_SUITE_KERNEL_SECONDS:-240} \
+                "$path" --test-threads 1 2>&1 | tee "$out/kernels-$name.log"
+            status=${PIPESTATUS[0]}
+            [ "$status" = 0 ] || { echo "$name: failed or cut at ${TALLY_SUITE_KERNEL_SECONDS:-240} s (status $status)"; ok=1; }
         fi
     done
     return $ok

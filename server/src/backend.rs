@@ -180,18 +180,20 @@ pub struct DeviceArgs {
     #[arg(long, value_enum, default_value_t = FragmentLoads::Ldmatrix)]
     pub fragment_loads: FragmentLoads,
     /// How `--attention flash` with two stages on tensor cores (CUDA) brings the next key
-    /// step's keys and values into shared memory; elsewhere it reads them into registers.
-    #[arg(long, value_enum, default_value_t = KvStaging::Registers)]
-    pub kv_staging: KvStaging,
+    /// step's keys and values into shared memory (default cp-async on CUDA); elsewhere it reads
+    /// them into registers.
+    #[arg(long, value_enum)]
+    pub kv_staging: Option<KvStaging>,
     /// Query rows each warp of `--attention flash` takes: 16 (the query in registers) or 32
     /// (FlashAttention-2's layout: two row blocks share each key and value fragment, the query
-    /// read from shared memory); a 16-row tile keeps 16.
-    #[arg(long, default_value = "16", value_parser = tile_size(["16", "32"]))]
-    pub warp_rows: usize,
+    /// read from shared memory; default 32 on CUDA, 16 elsewhere); a 16-row tile keeps 16.
+    #[arg(long, value_parser = tile_size(["16", "32"]))]
+    pub warp_rows: Option<usize>,
     /// Compile the CUDA kernels with single-precision denormals flushed to zero (NVRTC
-    /// `--ftz=true`): the attention softmax's exponentials lose their denormal fix-up.
-    #[arg(long)]
-    pub flush_denormals: bool,
+    /// `--ftz=true`): the attention softmax's exponentials lose their denormal fix-up. On by
+    /// default on CUDA (`--flush-denormals false` keeps them); other backends have no such option.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub flush_denormals: Option<bool>,
 }
 
 /// How the flash kernel stages its next key step (`tally_model::KvStaging`).
@@ -287,17 +289,29 @@ impl DeviceArgs {
         }
     }
 
+    /// `--flush-denormals`, unset resolved for the backend: on for CUDA.
+    pub fn flush_denormals(&self) -> bool {
+        self.flush_denormals.unwrap_or(self.backend == BackendKind::Cuda)
+    }
+
     /// The tile kernels' tile (`--tile-rows`, `--tile-keys`, `--tile-stages`, `--fragment-loads`,
     /// `--kv-staging`, `--warp-rows`).
     pub fn tile(&self) -> tally_model::TileShape {
+        let cuda = self.backend == BackendKind::Cuda;
         // On CUDA the largest tile: 128 rows x 64 keys took one S1 layer's flash attention from
         // 3.43 ms (64x16) to 2.33 ms on an H200 in bfloat16, the fastest of the six measured.
         // Elsewhere 64x16, which fits lavapipe's 32 KiB of shared memory at head_dim 128.
-        let (rows, keys) = if self.backend == BackendKind::Cuda { (128, 64) } else { (64, 16) };
+        let (rows, keys) = if cuda { (128, 64) } else { (64, 16) };
+        // On CUDA cp.async staging and 32 rows a warp (with denormals flushed): one S1 layer in
+        // 1.531 ms on an H200 in bfloat16 against 1.634 for register read-ahead and 16 rows a
+        // warp, S1 7,958 items/s against 7,485 (benches/results/gpu-h200-2026-11-27). Without
+        // the flush, 32 rows a warp alone was slower (1.784 ms): keep the three together.
+        let (staging, warp_rows) = if cuda { (KvStaging::CpAsync, 32) } else { (KvStaging::Registers, 16) };
         // Every size is among those the flags list, so the shape exists.
         let shape = tally_model::TileShape::new(self.tile_rows.unwrap_or(rows), self.tile_keys.unwrap_or(keys)).unwrap_or_default();
-        let shape = shape.with_stages(self.tile_stages).unwrap_or(shape).with_loads(self.fragment_loads.into()).with_staging(self.kv_staging.into());
-        shape.with_warp_rows(self.warp_rows).unwrap_or(shape)
+        let shape = shape.with_stages(self.tile_stages).unwrap_or(shape).with_loads(self.fragment_loads.into());
+        let shape = shape.with_staging(self.kv_staging.unwrap_or(staging).into());
+        shape.with_warp_rows(self.warp_rows.unwrap_or(warp_rows)).unwrap_or(shape)
     }
 }
 
@@ -308,10 +322,10 @@ pub trait WithBackend {
 }
 
 pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output> {
-    let DeviceArgs { backend, dtype, flush_denormals, .. } = device;
+    let DeviceArgs { backend, dtype, .. } = device;
     pick_matmul(&device)?;
     tally_model::set_wide_products_in_float32(device.cascade_scores == CascadeScores::Float32);
-    if flush_denormals {
+    if device.flush_denormals() {
         anyhow::ensure!(backend == BackendKind::Cuda, "--flush-denormals is an NVRTC option: it needs --backend cuda");
         #[cfg(feature = "cuda")]
         tally_model::cuda::set_flush_denormals(true);
@@ -436,9 +450,9 @@ mod tests {
             tile_keys: None,
             tile_stages: 2,
             fragment_loads: FragmentLoads::Ldmatrix,
-            kv_staging: KvStaging::Registers,
-            warp_rows: 16,
-            flush_denormals: false,
+            kv_staging: None,
+            warp_rows: None,
+            flush_denormals: None,
         }
     }
 
@@ -447,7 +461,8 @@ mod tests {
     fn auto_routes_resolve_per_backend() {
         let cuda = auto(BackendKind::Cuda);
         assert_eq!((cuda.attention(), cuda.elementwise()), (Attention::Flash, Elementwise::Kernels));
-        assert_eq!(cuda.tile().to_string(), "128x64, 2 stages, ldmatrix");
+        assert_eq!(cuda.tile().to_string(), "128x64, 2 stages, ldmatrix, cp-async, 32 rows a warp");
+        assert!(cuda.flush_denormals());
         assert_eq!(cuda.routes().attention, tally_model::AttentionRoute::Flash(cuda.tile()));
         // cuBLASLt only where it loads: never in a build without CUDA.
         assert_eq!(cuda.matmul(), if cublas_loads() { Matmul::Cublas } else { Matmul::Cubecl });
@@ -455,6 +470,7 @@ mod tests {
             let args = auto(backend);
             assert_eq!((args.attention(), args.matmul(), args.elementwise()), (Attention::Kernel, Matmul::Cubecl, elementwise), "{backend:?}");
             assert_eq!(args.tile().to_string(), "64x16, 2 stages, ldmatrix", "{backend:?}");
+            assert!(!args.flush_denormals(), "{backend:?}");
             assert_eq!(args.routes().attention, tally_model::AttentionRoute::Kernel, "{backend:?}");
         }
     }
@@ -462,9 +478,12 @@ mod tests {
     /// A route or tile size asked for is what runs, on CUDA too.
     #[test]
     fn explicit_choices_win_over_auto() {
-        let asked = DeviceArgs { attention: Attention::Kernel, matmul: Matmul::Cubecl, elementwise: Elementwise::Burn, tile_rows: Some(64), kv_staging: KvStaging::CpAsync, warp_rows: 32, ..auto(BackendKind::Cuda) };
+        let asked = DeviceArgs { attention: Attention::Kernel, matmul: Matmul::Cubecl, elementwise: Elementwise::Burn, tile_rows: Some(64), kv_staging: Some(KvStaging::Registers), warp_rows: Some(16), flush_denormals: Some(false), ..auto(BackendKind::Cuda) };
         assert_eq!((asked.attention(), asked.matmul(), asked.elementwise()), (Attention::Kernel, Matmul::Cubecl, Elementwise::Burn));
-        assert_eq!(asked.tile().to_string(), "64x64, 2 stages, ldmatrix, cp-async, 32 rows a warp", "the keys not asked for keep CUDA's default");
+        assert_eq!(asked.tile().to_string(), "64x64, 2 stages, ldmatrix", "the keys not asked for keep CUDA's default");
+        assert!(!asked.flush_denormals());
+        let elsewhere = DeviceArgs { kv_staging: Some(KvStaging::CpAsync), warp_rows: Some(32), ..auto(BackendKind::Wgpu) };
+        assert_eq!(elsewhere.tile().to_string(), "64x16, 2 stages, ldmatrix, cp-async, 32 rows a warp");
         assert_eq!(asked.matmul_label(), "cubecl");
         let cublas = |cublas_ordering, cublas_algos| DeviceArgs { matmul: Matmul::Cublas, cublas_ordering, cublas_algos, ..auto(BackendKind::Cuda) }.matmul_label();
         assert_eq!(cublas(None, Some(8)), "cublas-algos8");
