@@ -158,11 +158,13 @@ fn attention_through_the_fusion_backend_matches() {
 }
 
 /// Residual add + RMSNorm against float64 on the host, with and without the add, at row widths
-/// just under, at and past the kernel's unit counts (a power of two up to 256 units a row), a
-/// 3-D input (the q/k norms' `[tokens, heads, head_dim]`) and bfloat16-sized values.
+/// just under, at and past the kernel's unit counts (a power of two up to 256 units a row, two
+/// vectors each), read in vectors of 4, 2 and 1 (widths 1,024, 18, 257), rows past the largest
+/// one-dimensional grid (a cube a row), a 3-D input (the q/k norms' `[tokens, heads,
+/// head_dim]`) and bfloat16-sized values.
 fn add_rms_norm_matches_float64() {
     let eps = 1e-6;
-    for (seed, &(rows, width)) in [(1, 1), (3, 15), (5, 16), (2, 17), (7, 255), (4, 256), (3, 257), (9, 576), (2, 1024), (3, 4097), (600, 64)].iter().enumerate() {
+    for (seed, &(rows, width)) in [(1, 1), (3, 15), (5, 16), (2, 17), (4, 18), (7, 255), (4, 256), (3, 257), (9, 576), (2, 1024), (2, 2048), (3, 4097), (600, 64), (70_001, 8)].iter().enumerate() {
         let seed = 300 + seed as u64;
         let (x, delta, gain) = (random(seed, rows * width, 3.0), random(seed + 1, rows * width, 3.0), random(seed + 2, width, 1.5));
         let mut expected_sum = vec![0f32; rows * width];
@@ -199,14 +201,18 @@ fn add_rms_norm_matches_float64() {
 }
 
 /// The q/k norm + RoPE (and RoPE alone) against float64 on the host: head sizes 16, 24, 64 and
-/// 128 (cubes of 16, 32, 64 and 128 units, 24 leaving units idle), queries read where they lie
-/// in a wider q/k/v projection, positions in the thousands.
+/// 128 (half a head in vectors of 4: 2, 3, 8 and 16 units a row), 20 (vectors of 2) and 6 (of
+/// 1); rows that fill a 256-unit cube and leave the last one part full (300 × 2 heads of 16: 128
+/// rows a cube; 37 × 3 of 24: 85); heads read where they lie in a wider q/k/v projection, first
+/// (as the queries) or after as many columns (as the keys, at an offset); positions in the
+/// thousands.
 fn norm_rope_matches_float64() {
     let eps = 1e-6;
-    for (seed, &(tokens, heads, head_dim)) in [(5, 2, 16), (37, 3, 24), (20, 4, 64), (9, 2, 128)].iter().enumerate() {
+    let cases = [(5, 2, 16), (300, 2, 16), (37, 3, 24), (20, 4, 64), (9, 2, 128), (11, 3, 20), (13, 5, 6)];
+    for (seed, &(tokens, heads, head_dim)) in cases.iter().enumerate() {
         let seed = 500 + seed as u64;
         let width = heads * head_dim;
-        // The q/k/v projection: these heads first, then as many columns again.
+        // The q/k/v projection: two blocks of these heads' columns.
         let projection = random(seed, tokens * 2 * width, 2.0);
         let gain = random(seed + 1, head_dim, 1.5);
         let half = head_dim / 2;
@@ -217,11 +223,11 @@ fn norm_rope_matches_float64() {
             cos.extend(angles.iter().chain(&angles).map(|a| a.cos() as f32));
             sin.extend(angles.iter().chain(&angles).map(|a| a.sin() as f32));
         }
-        for norm in [true, false] {
+        for (norm, column) in [(true, 0), (false, 0), (true, width)] {
             let mut expected = vec![0f32; tokens * width];
             for token in 0..tokens {
                 for head in 0..heads {
-                    let x: Vec<f64> = (0..head_dim).map(|e| projection[token * 2 * width + head * head_dim + e] as f64).collect();
+                    let x: Vec<f64> = (0..head_dim).map(|e| projection[token * 2 * width + column + head * head_dim + e] as f64).collect();
                     let rms = (x.iter().map(|v| v * v).sum::<f64>() / head_dim as f64 + eps).sqrt();
                     let n: Vec<f64> = (0..head_dim).map(|e| if norm { x[e] / rms * gain[e] as f64 } else { x[e] }).collect();
                     for e in 0..head_dim {
@@ -231,19 +237,20 @@ fn norm_rope_matches_float64() {
                     }
                 }
             }
-            let x = tensor::<Gpu, 2>(&projection, [tokens, 2 * width]).narrow(1, 0, width).reshape([tokens, heads, head_dim]);
+            let x = tensor::<Gpu, 2>(&projection, [tokens, 2 * width]).narrow(1, column, width).reshape([tokens, heads, head_dim]);
             let gain = norm.then(|| cube(tensor::<Gpu, 1>(&gain, [head_dim])));
             let output = tally_shaders::norm_rope(cube(x), gain, cube(tensor::<Gpu, 3>(&cos, [tokens, 1, head_dim])), cube(tensor::<Gpu, 3>(&sin, [tokens, 1, head_dim])), eps);
-            let what = format!("{tokens} tokens × {heads} heads × {head_dim}, norm {norm}");
+            let what = format!("{tokens} tokens × {heads} heads × {head_dim} from column {column}, norm {norm}");
             assert_close(&host(Tensor::<Gpu, 3>::from_primitive(TensorPrimitive::Float(output))), &expected, 1e-5, &what);
         }
     }
 }
 
-/// `silu(gate) · up` from the fused projection against float64 on the host, with element counts
-/// just under, at and past the kernel's 256 units a cube, and across rows.
+/// `silu(gate) · up` from the fused projection against float64 on the host, with vector counts
+/// just under, at and past the kernel's 256 units a cube (vectors of 1: 255, 257; of 4: 1,024,
+/// 1,028), across rows, and in vectors of 2 (6).
 fn silu_mul_matches_float64() {
-    for (seed, &(rows, intermediate)) in [(1, 1), (1, 255), (1, 256), (1, 257), (3, 85), (7, 1536), (300, 17)].iter().enumerate() {
+    for (seed, &(rows, intermediate)) in [(1, 1), (1, 255), (1, 256), (1, 257), (1, 1024), (1, 1028), (3, 85), (5, 6), (7, 1536), (300, 17)].iter().enumerate() {
         let gate_up = random(400 + seed as u64, rows * 2 * intermediate, 6.0);
         let expected: Vec<f32> = (0..rows * intermediate)
             .map(|i| {

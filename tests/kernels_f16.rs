@@ -120,6 +120,74 @@ fn softmax_lse_writes_f16_weights_and_a_float32_lse() {
     }
 }
 
+/// The elementwise kernels with f16 tensors (vectors of 4 on wgpu, 8 on CUDA: the widths the
+/// model's bf16 and f16 rows are read in), against float64 of the f16-rounded inputs: residual
+/// add + RMSNorm over 1,024-wide rows, the q/k norm + RoPE of 128-wide heads read as the keys
+/// lie (after the queries' columns), and `silu(gate) · up` over 3,072 columns. Float32 inside,
+/// so only the output's rounding (2⁻¹¹) remains.
+fn elementwise_kernels_in_f16() {
+    let f16_of = |values: &[f32]| -> Vec<f32> { values.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect() };
+    fn on_gpu<const D: usize>(values: &[f32], shape: [usize; D]) -> burn_cubecl::tensor::CubeTensor<kernel_cases::GpuRuntime> {
+        kernel_cases::cube(tensor::<Gpu<half::f16>, D>(values, shape))
+    }
+    fn host_of<const D: usize>(t: burn_cubecl::tensor::CubeTensor<kernel_cases::GpuRuntime>) -> Vec<f32> {
+        kernel_cases::host(Tensor::<Gpu<half::f16>, D>::from_primitive(burn::tensor::TensorPrimitive::Float(t)))
+    }
+    let eps = 1e-6;
+
+    let (rows, width) = (33, 1024);
+    let (x, delta, gain) = (f16_of(&kernel_cases::random(950, rows * width, 3.0)), f16_of(&kernel_cases::random(951, rows * width, 3.0)), f16_of(&kernel_cases::random(952, width, 1.5)));
+    let sum: Vec<f64> = x.iter().zip(&delta).map(|(&a, &b)| a as f64 + b as f64).collect();
+    let mut expected = Vec::with_capacity(rows * width);
+    for row in sum.chunks_exact(width) {
+        let rms = (row.iter().map(|v| v * v).sum::<f64>() / width as f64 + eps).sqrt();
+        expected.extend(row.iter().zip(&gain).map(|(v, &g)| (v / rms * g as f64) as f32));
+    }
+    let (got_sum, normed) = tally_shaders::add_rms_norm(on_gpu(&x, [rows, width]), Some(on_gpu(&delta, [rows, width])), on_gpu(&gain, [width]), eps);
+    assert_eq!(normed.dtype, DType::F16);
+    assert_close(&host_of::<2>(got_sum), &sum.iter().map(|&v| v as f32).collect::<Vec<_>>(), 1e-3, "f16 residual sum");
+    assert_close(&host_of::<2>(normed), &expected, 1e-3, "f16 add + RMSNorm");
+
+    let (tokens, heads, head_dim) = (21, 4, 128);
+    let (width, half) = (heads * head_dim, head_dim / 2);
+    let projection = f16_of(&kernel_cases::random(953, tokens * 2 * width, 2.0));
+    let gain = f16_of(&kernel_cases::random(954, head_dim, 1.5));
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    for token in 0..tokens {
+        let angles: Vec<f64> = (0..half).map(|i| (token * 131 + 5) as f64 * 10_000f64.powf(-(i as f64) / half as f64)).collect();
+        cos.extend(f16_of(&angles.iter().chain(&angles).map(|a| a.cos() as f32).collect::<Vec<_>>()));
+        sin.extend(f16_of(&angles.iter().chain(&angles).map(|a| a.sin() as f32).collect::<Vec<_>>()));
+    }
+    let mut expected = vec![0f32; tokens * width];
+    for token in 0..tokens {
+        for head in 0..heads {
+            let x: Vec<f64> = (0..head_dim).map(|e| projection[token * 2 * width + width + head * head_dim + e] as f64).collect();
+            let rms = (x.iter().map(|v| v * v).sum::<f64>() / head_dim as f64 + eps).sqrt();
+            let n: Vec<f64> = x.iter().zip(&gain).map(|(v, &g)| v / rms * g as f64).collect();
+            for e in 0..head_dim {
+                let rotated = if e < half { -n[e + half] } else { n[e - half] };
+                let table = token * head_dim + e;
+                expected[(token * heads + head) * head_dim + e] = (n[e] * cos[table] as f64 + rotated * sin[table] as f64) as f32;
+            }
+        }
+    }
+    let keys = tensor::<Gpu<half::f16>, 2>(&projection, [tokens, 2 * width]).narrow(1, width, width).reshape([tokens, heads, head_dim]);
+    let table = |values: &[f32]| on_gpu(values, [tokens, 1, head_dim]);
+    let output = tally_shaders::norm_rope(kernel_cases::cube(keys), Some(on_gpu(&gain, [head_dim])), table(&cos), table(&sin), eps);
+    assert_close(&host_of::<3>(output), &expected, 1e-3, "f16 q/k norm + RoPE");
+
+    let (rows, intermediate) = (9, 3072);
+    let gate_up = f16_of(&kernel_cases::random(955, rows * 2 * intermediate, 6.0));
+    let expected: Vec<f32> = (0..rows * intermediate)
+        .map(|i| {
+            let (gate, up) = (gate_up[i / intermediate * 2 * intermediate + i % intermediate] as f64, gate_up[i / intermediate * 2 * intermediate + intermediate + i % intermediate] as f64);
+            (gate / (1.0 + (-gate).exp()) * up) as f32
+        })
+        .collect();
+    let output = tally_shaders::silu_mul(on_gpu(&gate_up, [rows, 2 * intermediate]));
+    assert_close(&host_of::<2>(output), &expected, 1e-3, "f16 silu(gate) · up");
+}
+
 /// The cascade in f16, its softmax in Burn's ops and in tally's kernel, on the cube backend and
 /// through fusion (on CUDA also with cuBLASLt's matmuls, their scores float32 and f16),
 /// against the float32 CPU reference: the log-sum-exps and the merge run in float32, so only
@@ -199,7 +267,7 @@ fn cublas_writes_float32_products_of_16_bit_operands() {
 
 fn main() {
     #[allow(unused_mut)] // more tests on CUDA
-    let mut tests = gpu::named![attention_in_f16_accumulates_in_f32, softmax_lse_writes_f16_weights_and_a_float32_lse, the_cascade_in_f16_merges_in_float32];
+    let mut tests = gpu::named![attention_in_f16_accumulates_in_f32, elementwise_kernels_in_f16, softmax_lse_writes_f16_weights_and_a_float32_lse, the_cascade_in_f16_merges_in_float32];
     #[cfg(feature = "cuda")]
     tests.extend(gpu::named![tensor_core_fragment_loads_are_ptxs, cublas_writes_float32_products_of_16_bit_operands]);
     gpu::run(tests)

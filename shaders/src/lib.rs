@@ -42,6 +42,7 @@ pub mod rope;
 pub mod softmax;
 pub mod stored_matrix;
 pub mod swiglu;
+mod vectors;
 
 pub use block_matmul::{block_matmul, RegisterBlock};
 pub use attention::{fragment_loads, tensor_core_tiles, tile_fits, AttentionKernel, AttentionTiles, FragmentLoads, KvStaging, MultiItemAttention, TileShape};

@@ -2,7 +2,8 @@
 //! per row. In Burn ops that is an add, a square, a mean, an add, a square root, a divide and a
 //! multiply, each reading and writing the row again; here the row is read once (twice for the
 //! second sweep, from cache) and each output written once. Without `delta` it is RMSNorm alone
-//! (the first layer's input norm, Qwen3's per-head q/k norms).
+//! (the first layer's input norm). Rows are read and written a vector at a time
+//! ([`crate::vectors`]), without bounds checks.
 
 use burn_backend::TensorMetadata;
 use burn_cubecl::cubecl;
@@ -14,8 +15,9 @@ use burn_cubecl::CubeRuntime;
 
 use crate::cube_reduce::cube_reduce;
 use crate::grid::{cube_index, cubes};
+use crate::vectors::vector_width;
 
-/// Most units a row gets: enough for a 4,096-wide row in 16 sweeps.
+/// Most units a row gets.
 const MAX_UNITS: usize = 256;
 
 /// `(x + delta, rms_norm(x + delta) · gain)` over the last dimension of `x` (any rank, made
@@ -29,6 +31,7 @@ pub fn add_rms_norm<R: CubeRuntime>(x: CubeTensor<R>, delta: Option<CubeTensor<R
     assert_eq!(gain.shape().num_elements(), width, "one gain per element of a row");
     let (client, device, dtype) = (x.client.clone(), x.device.clone(), x.dtype);
     let x = into_contiguous(x);
+    let gain = into_contiguous(gain);
     let normed = empty_device_contiguous_dtype(client.clone(), device.clone(), shape.clone(), dtype);
     let Some(delta) = delta else {
         if rows > 0 {
@@ -47,34 +50,41 @@ pub fn add_rms_norm<R: CubeRuntime>(x: CubeTensor<R>, delta: Option<CubeTensor<R
 
 #[allow(clippy::too_many_arguments)]
 fn launch<R: CubeRuntime>(client: &ComputeClient<R>, x: &CubeTensor<R>, delta: &CubeTensor<R>, gain: &CubeTensor<R>, sum: &CubeTensor<R>, normed: &CubeTensor<R>, rows: usize, width: usize, eps: f64, add: bool) {
-    // A power of two (the reduction halves it), no more units than the row has elements.
-    let units = width.next_power_of_two().clamp(1, MAX_UNITS);
-    add_rms_norm_kernel::launch::<R>(
-        client,
-        cubes(rows, 1),
-        CubeDim::new_1d(units as u32),
-        x.clone().into_tensor_arg(),
-        delta.clone().into_tensor_arg(),
-        into_contiguous(gain.clone()).into_tensor_arg(),
-        sum.clone().into_tensor_arg(),
-        normed.clone().into_tensor_arg(),
-        eps as f32,
-        rows as u32,
-        width,
-        units,
-        add,
-        x.dtype.into(),
-    );
+    let vector = vector_width(client, x.dtype.size(), &[width], &[x, delta, gain]);
+    // Two vectors a unit where the row has them (two loads in flight each), a power of two
+    // (the reduction halves it), at most `MAX_UNITS`.
+    let units = (width / vector).div_ceil(2).next_power_of_two().clamp(1, MAX_UNITS);
+    // SAFETY: a cube past the last row stops; the others read and write their row's `width /
+    // vector` vectors of the contiguous tensors, each `rows · width` long, and `gain`'s.
+    unsafe {
+        add_rms_norm_kernel::launch_unchecked::<R>(
+            client,
+            cubes(rows, 1),
+            CubeDim::new_1d(units as u32),
+            vector,
+            x.clone().into_tensor_arg(),
+            delta.clone().into_tensor_arg(),
+            gain.clone().into_tensor_arg(),
+            sum.clone().into_tensor_arg(),
+            normed.clone().into_tensor_arg(),
+            eps as f32,
+            rows as u32,
+            width,
+            units,
+            add,
+            x.dtype.into(),
+        );
+    }
 }
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn add_rms_norm_kernel<F: Float>(
-    x: &Tensor<F>,
-    delta: &Tensor<F>,
-    gain: &Tensor<F>,
-    sum: &mut Tensor<F>,
-    normed: &mut Tensor<F>,
+fn add_rms_norm_kernel<F: Float, N: Size>(
+    x: &Tensor<Vector<F, N>>,
+    delta: &Tensor<Vector<F, N>>,
+    gain: &Tensor<Vector<F, N>>,
+    sum: &mut Tensor<Vector<F, N>>,
+    normed: &mut Tensor<Vector<F, N>>,
     eps: f32,
     rows: u32,
     #[comptime] width: usize,
@@ -88,30 +98,38 @@ fn add_rms_norm_kernel<F: Float>(
         terminate!();
     }
     let unit = UNIT_POS_X as usize;
-    let base = row * width;
+    let vector = N::value();
+    let vectors = comptime![width / vector];
+    let base = row * vectors;
 
-    let mut squares = f32::new(0.0);
+    let mut squares = Vector::<f32, N>::new(0.0);
     let mut i = unit;
-    while i < width {
-        let mut value = f32::cast_from(x[base + i]);
+    while i < vectors {
+        let mut value = Vector::<f32, N>::cast_from(x[base + i]);
         if comptime![add] {
-            value += f32::cast_from(delta[base + i]);
-            sum[base + i] = F::cast_from(value);
+            value += Vector::cast_from(delta[base + i]);
+            sum[base + i] = Vector::cast_from(value);
         }
         squares += value * value;
         i += units;
     }
+    let mut own = f32::new(0.0);
+    #[unroll]
+    for n in 0..vector {
+        own += squares[n];
+    }
 
     let mut partials = SharedMemory::<f32>::new(units);
-    let inverse_rms = inverse_rms(&mut partials, squares, eps, width);
+    let inverse_rms = Vector::<f32, N>::new(inverse_rms(&mut partials, own, eps, width));
 
+    // The row again, from cache: held in registers it would cap the widths a cube takes.
     let mut i = unit;
-    while i < width {
-        let mut value = f32::cast_from(x[base + i]);
+    while i < vectors {
+        let mut value = Vector::<f32, N>::cast_from(x[base + i]);
         if comptime![add] {
-            value += f32::cast_from(delta[base + i]);
+            value += Vector::cast_from(delta[base + i]);
         }
-        normed[base + i] = F::cast_from(value * inverse_rms * f32::cast_from(gain[i]));
+        normed[base + i] = Vector::cast_from(value * inverse_rms * Vector::cast_from(gain[i]));
         i += units;
     }
 }
@@ -120,7 +138,7 @@ fn add_rms_norm_kernel<F: Float>(
 /// squares ([`cube_reduce`]; the cube a power of two, `partials` a slot a unit), and every unit
 /// gets the result. `partials` is read by every unit on return: sync before reusing it.
 #[cube]
-pub(crate) fn inverse_rms(partials: &mut SharedMemory<f32>, squares: f32, eps: f32, #[comptime] width: usize) -> f32 {
+fn inverse_rms(partials: &mut SharedMemory<f32>, squares: f32, eps: f32, #[comptime] width: usize) -> f32 {
     let sum = cube_reduce(partials, squares, false);
     f32::new(1.0) / f32::sqrt(sum / f32::new(comptime![width as f32]) + eps)
 }

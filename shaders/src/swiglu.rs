@@ -1,7 +1,9 @@
 //! SwiGLU's elementwise half in one kernel: `silu(gate) · up` straight from the fused
 //! gate/up projection `[rows, 2 · intermediate]` (gate first, up second), into
 //! `[rows, intermediate]`. In Burn ops that is two strided copies (the narrows), a sigmoid, two
-//! multiplies and their intermediates; here each input is read once and the output written once.
+//! multiplies and their intermediates; here each input is read once and the output written once,
+//! a vector at a time ([`crate::vectors`]), with the row width known when the kernel compiles
+//! (a division by it is a multiply) and no bounds checks.
 
 use burn_backend::{Shape, TensorMetadata};
 use burn_cubecl::cubecl;
@@ -12,6 +14,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 
 use crate::grid::{cube_index, cubes};
+use crate::vectors::vector_width;
 
 const UNITS: usize = 256;
 
@@ -23,31 +26,41 @@ pub fn silu_mul<R: CubeRuntime>(gate_up: CubeTensor<R>) -> CubeTensor<R> {
     let intermediate = width / 2;
     let gate_up = into_contiguous(gate_up);
     let output = empty_device_contiguous_dtype(gate_up.client.clone(), gate_up.device.clone(), Shape::new([rows, intermediate]), gate_up.dtype);
-    let count = rows * intermediate;
+    let (client, dtype) = (gate_up.client.clone(), gate_up.dtype);
+    let vector = vector_width(&client, dtype.size(), &[intermediate], &[&gate_up]);
+    let count = rows * intermediate / vector;
     if count > 0 {
-        let dtype = gate_up.dtype;
-        silu_mul_kernel::launch::<R>(
-            &gate_up.client.clone(),
-            cubes(count.div_ceil(UNITS), 1),
-            CubeDim::new_1d(UNITS as u32),
-            gate_up.into_tensor_arg(),
-            output.clone().into_tensor_arg(),
-            intermediate as u32,
-            dtype.into(),
-        );
+        // SAFETY: a unit works only below `count` vectors of the output (`rows · intermediate`
+        // elements), reading its row's gate and up vectors of the contiguous input.
+        unsafe {
+            silu_mul_kernel::launch_unchecked::<R>(
+                &client,
+                cubes(count.div_ceil(UNITS), 1),
+                CubeDim::new_1d(UNITS as u32),
+                vector,
+                gate_up.into_tensor_arg(),
+                output.clone().into_tensor_arg(),
+                count as u32,
+                intermediate,
+                dtype.into(),
+            );
+        }
     }
     output
 }
 
-#[cube(launch)]
-fn silu_mul_kernel<F: Float>(gate_up: &Tensor<F>, output: &mut Tensor<F>, intermediate: u32, #[define(F)] _dtype: StorageType) {
+#[cube(launch_unchecked)]
+fn silu_mul_kernel<F: Float, N: Size>(gate_up: &Tensor<Vector<F, N>>, output: &mut Tensor<Vector<F, N>>, count: u32, #[comptime] intermediate: usize, #[define(F)] _dtype: StorageType) {
     let index = cube_index() * UNITS + UNIT_POS_X as usize;
-    if index < output.len() {
-        let intermediate = intermediate as usize;
-        let row = index / intermediate;
-        let column = index % intermediate;
-        let gate = f32::cast_from(gate_up[row * 2 * intermediate + column]);
-        let up = f32::cast_from(gate_up[row * 2 * intermediate + intermediate + column]);
-        output[index] = F::cast_from(gate / (f32::new(1.0) + f32::exp(-gate)) * up);
+    if index < count as usize {
+        let vector = N::value();
+        let row_vectors = comptime![intermediate / vector];
+        let row = index / row_vectors;
+        let gate_at = row * comptime![2 * row_vectors] + index % row_vectors;
+        let gate = Vector::<f32, N>::cast_from(gate_up[gate_at]);
+        let up = Vector::<f32, N>::cast_from(gate_up[gate_at + row_vectors]);
+        // `0 − gate`: CubeCL's CUDA vectors have no unary minus (NVRTC: no operator for `-float_8`).
+        let sigmoid = Vector::new(f32::new(1.0)) / (Vector::new(f32::new(1.0)) + Vector::exp(Vector::new(f32::new(0.0)) - gate));
+        output[index] = Vector::cast_from(gate * sigmoid * up);
     }
 }
