@@ -149,9 +149,8 @@ fn a_warmed_up_scorer_counts_nothing_and_answers_as_before() {
 }
 
 /// A query's last chunk runs in the batch's first item pass, not in a pass of its own, where the
-/// items still take as many passes with room left for it in each, and it takes at most half of
-/// one; later passes read the query whole. Elsewhere the query is prefilled whole first, as
-/// before. Both agree with float64.
+/// items still take as many passes with room left for it in each; later passes read the query
+/// whole. Elsewhere the query is prefilled whole first, as before. Both agree with float64.
 #[test]
 fn a_querys_last_chunk_runs_in_the_first_item_pass_where_it_fits() {
     let with_budget = |max_tokens: usize| {
@@ -176,17 +175,55 @@ fn a_querys_last_chunk_runs_in_the_first_item_pass_where_it_fits() {
         assert_eq!(scored(&mut scorer, &[&input]).remove(0).prefix_cache, PrefixCacheUse::Hit);
     }
 
-    // 1,536 tokens of whole chunks, prefilled in three passes, and a last chunk of the rest:
-    // in the item pass under the default budget, prefilled too where half of 64 tokens is less.
+    // 1,536 tokens of whole chunks, prefilled in three passes, and a last chunk of the rest (64
+    // tokens): in the item pass under the default budget, prefilled too where it would fill a
+    // pass of 64 tokens.
     let (request, expected) = case("tied_long_query");
     for (max_tokens, tail_in_item_pass) in [(8192, true), (64, false)] {
         let mut scorer = with_budget(max_tokens);
         let input = scorer.preparer().prepare(&request).unwrap();
         let last_chunk = input.query.len() - 1536;
-        assert_eq!(last_chunk <= max_tokens / 2, tail_in_item_pass, "a last chunk of {last_chunk} tokens");
+        assert_eq!(last_chunk < max_tokens, tail_in_item_pass, "a last chunk of {last_chunk} tokens");
         assert_close(&scored(&mut scorer, &[&input]).remove(0).scores, &expected, 1e-3, &format!("a pass budget of {max_tokens} tokens, against float64"));
         assert_eq!(passes(&scorer).0, if tail_in_item_pass { 3 } else { 4 }, "prefill passes under a budget of {max_tokens}");
         assert_eq!(scorer.stats().prefill_tokens.load(Relaxed) as usize, input.query.len());
+    }
+}
+
+/// A batch of new queries (each one chunk, all of it its tail) whose tails and items fit one
+/// pass is one pass, however much of it the tails take; one token more and the queries are
+/// prefilled first. An item longer than the room the tails leave would get a pass of its own past
+/// the budget, so there too the query is prefilled first. Every answer is what the request gets
+/// alone under a large budget.
+#[test]
+fn new_queries_and_their_items_that_fit_one_pass_are_one_pass() {
+    let with_budget = |max_tokens: usize| {
+        let options = ScorerOptions { pass_budget: tally_core::PassBudget { max_tokens, ..Default::default() }, prefix_cache_bytes: 64 << 20, ..ScorerOptions::default() };
+        Scorer::<Cpu>::load(&fixtures().join("models/tied-gqa"), &Default::default(), options).unwrap()
+    };
+    let limits = with_budget(64).preparer().limits();
+    let request = |seed: u32, query_tokens: usize, item_lens: &[usize]| {
+        let ids = |len: usize, salt: u32| (0..len as u32).map(|i| (seed * 31 + salt * 7 + i * 13) % 500 + 1).collect::<Vec<u32>>();
+        let items = item_lens.iter().enumerate().map(|(i, &len)| ids(len, i as u32 + 1)).collect();
+        ScoreInput::new(ids(query_tokens, 0), items, vec![3, 9, 27], seed % 2 == 0, false, limits).unwrap()
+    };
+    // Under 64 tokens a pass: tails of 26 + 26 and 4 items padded to 3 tokens fill it exactly;
+    // tails of 26 + 27 leave 11 tokens, too few for the items' 12, so the items would take two
+    // passes. A 60-token tail and a 10-token item: one pass each way, but 70 tokens with the tail.
+    let cases: [(&[(usize, &[usize])], bool); 3] = [(&[(26, &[1, 3]), (26, &[2, 3])], true), (&[(26, &[1, 3]), (27, &[2, 3])], false), (&[(60, &[10])], false)];
+    for (requests, one_pass) in cases {
+        let inputs: Vec<ScoreInput> = requests.iter().enumerate().map(|(r, &(query_tokens, items))| request(r as u32, query_tokens, items)).collect();
+        let inputs: Vec<&ScoreInput> = inputs.iter().collect();
+        let mut scorer = with_budget(64);
+        let batched = scored(&mut scorer, &inputs);
+        let stats = scorer.stats();
+        let passes = (stats.prefill_passes.load(Relaxed), stats.pass_items.count());
+        assert_eq!(passes, if one_pass { (0, 1) } else { (1, 1) }, "(prefill passes, item passes) of queries {requests:?}");
+        for (input, got) in inputs.iter().zip(&batched) {
+            assert_eq!(got.prefix_cache, PrefixCacheUse::Miss);
+            let alone = with_budget(8192).score_batch(&[input]).unwrap().remove(0);
+            assert_close(&got.scores, &alone, 1e-4, "batched under 64 tokens a pass against alone");
+        }
     }
 }
 

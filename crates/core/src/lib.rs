@@ -13,7 +13,7 @@ pub mod response;
 pub mod tile;
 pub mod validate;
 
-pub use plan::{plan_passes, ItemShape, PassBudget};
+pub use plan::{padded_tokens, plan_passes, ItemShape, PassBudget};
 pub use request::{Items, Query, ScoreRequest};
 pub use response::{ScoreResponse, Usage};
 pub use tile::{FragmentLoads, KvStaging, TileShape};

@@ -103,6 +103,12 @@ pub fn plan_passes(items: &[ItemShape], budget: PassBudget) -> Vec<Vec<usize>> {
     passes
 }
 
+/// The padded item tokens of `pass` (indices into `items`, as [`plan_passes`] returns them): its
+/// items, each padded to its longest.
+pub fn padded_tokens(items: &[ItemShape], pass: &[usize]) -> usize {
+    pass.len() * pass.iter().map(|&i| items[i].len).max().unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,8 +162,19 @@ mod tests {
 
     #[test]
     fn an_oversized_item_gets_its_own_pass() {
-        let passes = plan_passes(&shapes(0, &[1, 50, 1]), PassBudget { max_tokens: 10, ..UNLIMITED });
+        let items = shapes(0, &[1, 50, 1]);
+        let passes = plan_passes(&items, PassBudget { max_tokens: 10, ..UNLIMITED });
         assert_eq!(passes, vec![vec![0, 2], vec![1]]);
+        // Past the budget: what a caller that adds rows to a pass has to check.
+        assert_eq!(passes.iter().map(|pass| padded_tokens(&items, pass)).collect::<Vec<_>>(), [2, 50]);
+    }
+
+    #[test]
+    fn a_pass_pads_every_item_to_its_longest() {
+        let items = shapes(0, &[4, 1, 7, 2]);
+        assert_eq!(padded_tokens(&items, &[0, 1, 3]), 3 * 4);
+        assert_eq!(padded_tokens(&items, &[2]), 7);
+        assert_eq!(padded_tokens(&items, &[]), 0);
     }
 
     #[test]

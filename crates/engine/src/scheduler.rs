@@ -19,7 +19,9 @@ use crate::stats::EngineStats;
 pub struct SchedulerOptions {
     /// Requests waiting for the model; more are refused with [`ScheduleError::QueueFull`].
     pub max_queue: usize,
-    /// Prompt tokens gathered into one batch (a batch always takes at least one request).
+    /// Prompt tokens gathered into one batch: a queued request joins only if the batch still
+    /// fits (the pass budget, so a batch of new queries can run as one pass); a batch always
+    /// takes at least one request.
     pub max_batch_tokens: usize,
 }
 
@@ -100,9 +102,12 @@ impl Drop for Scheduler {
 
 fn run_worker<B: ScoringBackend>(mut scorer: Scorer<B>, jobs: Receiver<Job>, options: SchedulerOptions) {
     let stats = scorer.stats();
+    // The job that did not fit the last batch: it leads the next one.
+    let mut held_over: Option<Job> = None;
     // `recv` keeps returning queued jobs after the handle is dropped, so shutdown drains.
-    while let Ok(first) = jobs.recv() {
-        let batch = next_batch(first, &jobs, options.max_batch_tokens);
+    while let Some(first) = held_over.take().or_else(|| jobs.recv().ok()) {
+        let batch;
+        (batch, held_over) = next_batch(first, &jobs, options.max_batch_tokens);
         stats.queue_depth.fetch_sub(batch.len() as i64, Relaxed);
         stats.requests_running.store(batch.len() as i64, Relaxed);
 
@@ -124,17 +129,20 @@ fn run_worker<B: ScoringBackend>(mut scorer: Scorer<B>, jobs: Receiver<Job>, opt
     }
 }
 
-/// `first` and the jobs queued behind it, taken while the batch holds fewer than
-/// `max_batch_tokens` prompt tokens (so the last one taken may cross it); later jobs stay queued.
-fn next_batch(first: Job, jobs: &Receiver<Job>, max_batch_tokens: usize) -> Vec<Job> {
+/// `first` and the jobs queued behind it, in order, while the batch's prompt tokens stay within
+/// `max_batch_tokens` (`first` whatever its size); and the first job that would have crossed it,
+/// taken off the queue to find that out, to lead the next batch. Later jobs stay queued.
+fn next_batch(first: Job, jobs: &Receiver<Job>, max_batch_tokens: usize) -> (Vec<Job>, Option<Job>) {
     let mut tokens = first.input.prompt_tokens();
     let mut batch = vec![first];
-    while tokens < max_batch_tokens {
-        let Ok(job) = jobs.try_recv() else { break };
+    while let Ok(job) = jobs.try_recv() {
         tokens += job.input.prompt_tokens();
+        if tokens > max_batch_tokens {
+            return (batch, Some(job));
+        }
         batch.push(job);
     }
-    batch
+    (batch, None)
 }
 
 #[cfg(test)]
@@ -151,26 +159,55 @@ mod tests {
         Job { input, deadline: Instant::now(), reply: oneshot::channel().0 }
     }
 
-    /// Prompt tokens of each job of the next batch, and of each job left queued.
-    fn batches(queued: &[usize], max_batch_tokens: usize) -> (Vec<usize>, Vec<usize>) {
+    /// Prompt tokens of each job of the next batch, of the job held over for the one after,
+    /// and of each job left queued.
+    fn batches(queued: &[usize], max_batch_tokens: usize) -> (Vec<usize>, Option<usize>, Vec<usize>) {
         let (queue, jobs) = sync_channel(queued.len());
         for &len in queued {
             queue.send(job(len - 1)).unwrap();
         }
         let first = jobs.recv().unwrap();
-        let batch = next_batch(first, &jobs, max_batch_tokens).iter().map(|job| job.input.prompt_tokens()).collect();
-        (batch, jobs.try_iter().map(|job| job.input.prompt_tokens()).collect())
+        let (batch, held_over) = next_batch(first, &jobs, max_batch_tokens);
+        let tokens = |job: &Job| job.input.prompt_tokens();
+        (batch.iter().map(tokens).collect(), held_over.as_ref().map(tokens), jobs.try_iter().map(|job| tokens(&job)).collect())
     }
 
     #[test]
-    fn a_batch_takes_queued_jobs_until_it_reaches_the_token_budget() {
-        // Just under, at and past the budget with the second job.
-        assert_eq!(batches(&[40, 59, 10], 100), (vec![40, 59, 10], vec![]));
-        assert_eq!(batches(&[40, 60, 10], 100), (vec![40, 60], vec![10]));
-        assert_eq!(batches(&[40, 61, 10], 100), (vec![40, 61], vec![10]));
+    fn a_batch_takes_queued_jobs_while_they_fit_the_token_budget() {
+        // All fit; the third crosses the budget, then the second; the second, then the third,
+        // reach it exactly.
+        assert_eq!(batches(&[40, 49, 10], 100), (vec![40, 49, 10], None, vec![]));
+        assert_eq!(batches(&[40, 59, 10, 5], 100), (vec![40, 59], Some(10), vec![5]));
+        assert_eq!(batches(&[40, 61, 10], 100), (vec![40], Some(61), vec![10]));
+        assert_eq!(batches(&[40, 60, 10], 100), (vec![40, 60], Some(10), vec![]));
+        assert_eq!(batches(&[40, 58, 2], 100), (vec![40, 58, 2], None, vec![]));
         // A first job over the budget runs alone; nothing queued, a batch of one.
-        assert_eq!(batches(&[500, 10], 100), (vec![500], vec![10]));
-        assert_eq!(batches(&[10], 100), (vec![10], vec![]));
+        assert_eq!(batches(&[500, 10], 100), (vec![500], Some(10), vec![]));
+        assert_eq!(batches(&[10], 100), (vec![10], None, vec![]));
+    }
+
+    /// The worker runs the job a batch held over in the next batch: every job is answered, in
+    /// batches that each fit the budget.
+    #[test]
+    fn the_worker_scores_held_over_jobs_in_the_next_batch() {
+        // The tied-gqa fixture model: 1 + 1 prompt tokens a job below; two fit a batch of 4.
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/tied-gqa");
+        let scorer = Scorer::<burn::backend::NdArray<f32>>::load(&fixtures, &Default::default(), crate::ScorerOptions::default()).unwrap();
+        let (queue, jobs) = sync_channel(8);
+        let mut replies = Vec::new();
+        for _ in 0..5 {
+            let (reply, answer) = oneshot::channel();
+            queue.send(Job { input: job(1).input, deadline: Instant::now() + std::time::Duration::from_secs(600), reply }).unwrap();
+            replies.push(answer);
+        }
+        drop(queue);
+        let stats = scorer.stats();
+        run_worker(scorer, jobs, SchedulerOptions { max_queue: 8, max_batch_tokens: 4 });
+        assert!(replies.into_iter().all(|mut answer| answer.try_recv().is_ok_and(|scored| scored.is_ok())));
+        // Batches of 2, 2 and 1.
+        let (buckets, _) = stats.batch_requests.snapshot();
+        let at_most = |n: f64| buckets.iter().find(|(bound, _)| *bound >= n).unwrap().1;
+        assert_eq!((stats.batch_requests.count(), at_most(1.0), at_most(2.0)), (3, 1, 3));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
-use tally_core::{plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
+use tally_core::{padded_tokens, plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
 use tally_model::weights::FloatOnly;
 use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, ModelConfig, OpenedModel, QueryBatch, Routes, ScoringBackend, WeightForm, WeightStorage, PREFILL_CHUNK};
 
@@ -248,11 +248,17 @@ impl<B: ScoringBackend> Scorer<B> {
         let passes = plan_passes(&shapes, budget);
         // The queries' last chunks run in the first item pass where it has room for them: every
         // pass then leaves room for them, so they go in only where the items still take as many
-        // passes, and at most half of one (and only on the routes that keep no score matrix,
-        // whose cells the planner would have to count).
+        // passes and every pass, tails included, stays within the token budget (an item longer
+        // than the room left gets a pass of its own, past it). A batch of new queries whose tails
+        // and items fit one pass is then one pass, however much of it the tails take. Only on
+        // the routes that keep no score matrix, whose cells the planner would have to count.
         let with_tails = |tail_tokens: usize| PassBudget { max_tokens: budget.max_tokens.saturating_sub(tail_tokens).max(1), ..budget };
         let tails_fit = |tail_tokens: usize| {
-            !self.model.routes().attention.scores_in_memory() && tail_tokens <= budget.max_tokens / 2 && plan_passes(&shapes, with_tails(tail_tokens)).len() == passes.len()
+            if self.model.routes().attention.scores_in_memory() {
+                return false;
+            }
+            let passes_with_tails = plan_passes(&shapes, with_tails(tail_tokens));
+            passes_with_tails.len() == passes.len() && passes_with_tails.iter().all(|pass| padded_tokens(&shapes, pass) + tail_tokens <= budget.max_tokens)
         };
         let mut queries = prefill_queries(&self.model, &mut self.prefix_cache, &self.stats, &wanted_queries, self.options.pass_budget.max_tokens, &tails_fit);
         let tail_tokens = queries.queries.tail_tokens();
