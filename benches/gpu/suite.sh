@@ -361,6 +361,9 @@ load_stage() {
     grep -h "warmed up in" "$out/serve.log"
     for qps in $load_levels; do
         "$cuda" bench load --url http://127.0.0.1:$port --qps $qps --duration $load_seconds --prompt-tokens 300 --items-per-request 10 --item-tokens 20 --out "$out/load-qps$qps.json" || ok=1
+        # The server's counters after each rate (cumulative): requests a batch, prefill passes
+        # (one pass a batch should leave it flat), items a pass, the prefix cache.
+        curl -sf localhost:$port/metrics >"$out/load-qps$qps.metrics" || echo "load: no /metrics after $qps qps"
     done
     kill -TERM $server; wait $server || ok=1
     return $ok
