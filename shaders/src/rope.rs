@@ -21,7 +21,7 @@ use burn_cubecl::CubeRuntime;
 use crate::grid::{cube_index, cubes};
 use crate::vectors::vector_width;
 
-/// Units a cube holds at most (whole rows of them).
+/// Units a cube holds at most (whole rows of them; a row past it has a cube of its own).
 const CUBE_UNITS: usize = 256;
 
 /// `rope(rms_norm(x) · gain)` for `x: [tokens, heads, head_dim]` (strided as it comes), or
@@ -29,7 +29,8 @@ const CUBE_UNITS: usize = 256;
 /// layout: `x·cos + rotate_half(x)·sin`). Float32 inside; a contiguous output in `x`'s dtype.
 pub fn norm_rope<R: CubeRuntime>(x: CubeTensor<R>, gain: Option<CubeTensor<R>>, cos: CubeTensor<R>, sin: CubeTensor<R>, eps: f64) -> CubeTensor<R> {
     let [tokens, heads, head_dim] = x.shape().dims::<3>();
-    assert!(head_dim.is_multiple_of(2) && head_dim <= 2 * CUBE_UNITS, "rotate-half needs an even head size a cube's units can hold in pairs");
+    // A unit holds an element and its partner: a head of 1,024 takes 512 units at most.
+    assert!(head_dim.is_multiple_of(2) && head_dim <= 1024, "rotate-half needs an even head size a cube can hold");
     assert_eq!(cos.shape().num_elements(), tokens * head_dim, "one cos row per token");
     assert_eq!(sin.shape().num_elements(), tokens * head_dim, "one sin row per token");
     let (client, dtype) = (x.client.clone(), x.dtype);
