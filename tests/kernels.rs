@@ -202,13 +202,13 @@ fn add_rms_norm_matches_float64() {
 
 /// The q/k norm + RoPE (and RoPE alone) against float64 on the host: head sizes 16, 24, 64 and
 /// 128 (half a head in vectors of 4: 2, 3, 8 and 16 units a row), 20 (vectors of 2) and 6 (of
-/// 1); rows that fill a 256-unit cube and leave the last one part full (300 × 2 heads of 16: 128
-/// rows a cube; 37 × 3 of 24: 85); heads read where they lie in a wider q/k/v projection, first
+/// 1); rows under a 256-unit cube, exactly one (64 × 2 heads of 16: 128 rows a cube), and past
+/// it with the last one part full (300 × 2 of 16; 37 × 3 of 24: 85 rows a cube); heads read where they lie in a wider q/k/v projection, first
 /// (as the queries) or after as many columns (as the keys, at an offset); positions in the
 /// thousands.
 fn norm_rope_matches_float64() {
     let eps = 1e-6;
-    let cases = [(5, 2, 16), (300, 2, 16), (37, 3, 24), (20, 4, 64), (9, 2, 128), (11, 3, 20), (13, 5, 6)];
+    let cases = [(5, 2, 16), (64, 2, 16), (300, 2, 16), (37, 3, 24), (20, 4, 64), (9, 2, 128), (11, 3, 20), (13, 5, 6)];
     for (seed, &(tokens, heads, head_dim)) in cases.iter().enumerate() {
         let seed = 500 + seed as u64;
         let width = heads * head_dim;

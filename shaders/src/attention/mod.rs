@@ -25,6 +25,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 
 use crate::grid::cubes;
+use crate::vectors::vector_width;
 
 mod flash;
 mod mma_tile;
@@ -323,8 +324,9 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
 /// in its buffer, in whole 32-bit words (the kernels read K/V as words). `None` where no width
 /// is whole words (16-bit K/V at an odd offset): the row kernel takes those.
 fn staging_width<R: CubeRuntime>(client: &ComputeClient<R>, head_dim: usize, dtype: DType, kv: [&CubeTensor<R>; 4]) -> Option<usize> {
-    let aligned = |width: usize| kv.iter().all(|tensor| tensor.handle.offset_start.unwrap_or(0).is_multiple_of((width * dtype.size()) as u64));
-    client.io_optimized_vector_sizes(dtype.size()).find(|&width| head_dim.is_multiple_of(width) && (width * dtype.size()).is_multiple_of(4) && aligned(width))
+    // The widest vector dividing a head and aligned; a narrower one would be fewer bytes still.
+    let width = vector_width(client, dtype.size(), &[head_dim], &kv);
+    (width * dtype.size()).is_multiple_of(4).then_some(width)
 }
 
 /// Cuts the items into tiles of at most `tokens_per_tile` tokens: whole consecutive items with
