@@ -227,6 +227,38 @@ fn new_queries_and_their_items_that_fit_one_pass_are_one_pass() {
     }
 }
 
+/// One pass runs the tails of new queries and of a query resumed from the cache: each layer's
+/// prefix is the new tails' rows around the cached part, and every query is then a view of it.
+/// Each answer is what the request gets alone; the cache then holds each query as a copy of its
+/// own, and the same batch again is all hits, with the same answers.
+#[test]
+fn a_pass_of_new_and_resumed_queries_caches_each_query_whole() {
+    let mut cached = scorer(64 << 20);
+    let limits = cached.preparer().limits();
+    let ids = |len: usize, salt: u32| (0..len as u32).map(|i| (salt * 31 + i * 13) % 500 + 1).collect::<Vec<u32>>();
+    let request = |query: Vec<u32>, salt: u32| ScoreInput::new(query, vec![ids(3, salt + 1), ids(5, salt + 2)], vec![3, 9, 27], false, false, limits).unwrap();
+    let system = ids(20, 7);
+    scored(&mut cached, &[&request(system.clone(), 0)]);
+    let resumed = request([system.clone(), ids(10, 8)].concat(), 1);
+    let inputs = [request(ids(15, 1), 2), resumed, request(ids(12, 2), 3)];
+    let inputs: Vec<&ScoreInput> = inputs.iter().collect();
+    let stats = cached.stats();
+    let passes = || (stats.prefill_passes.load(Relaxed), stats.pass_items.count());
+    let before = passes();
+    let first = scored(&mut cached, &inputs);
+    assert_eq!((passes().0 - before.0, passes().1 - before.1), (0, 1), "(prefill passes, item passes) of the batch");
+    assert_eq!(first.iter().map(|s| s.prefix_cache).collect::<Vec<_>>(), [PrefixCacheUse::Miss, PrefixCacheUse::Partial, PrefixCacheUse::Miss]);
+    for (input, got) in inputs.iter().zip(&first) {
+        let alone = scorer(0).score_batch(&[input]).unwrap().remove(0);
+        assert_close(&got.scores, &alone, 1e-4, "batched against alone");
+    }
+    let again = scored(&mut cached, &inputs);
+    for (got, first) in again.iter().zip(&first) {
+        assert_eq!(got.prefix_cache, PrefixCacheUse::Hit);
+        assert_close(&got.scores, &first.scores, 1e-6, "a hit against the pass that cached it");
+    }
+}
+
 /// A request nobody waits for any more is dropped between passes; the others keep their answers.
 #[test]
 fn abandoned_requests_stop_between_passes() {

@@ -21,6 +21,9 @@
 //!   CubeCL's device threads and the caller wait for each other spinning. Printed; with
 //!   `TALLY_CUDA_LAUNCHES_REPORT=FILE` also written as JSON (committed as
 //!   `benches/results/cuda-launches-s1.json`).
+//! - **The launch census of load batches**: batches of 1 to 64 of the load benchmark's requests
+//!   (new 300-token queries, 10 items each), and what each request adds to its batch
+//!   (`TALLY_CUDA_LAUNCHES_LOAD_REPORT=FILE`; committed as `cuda-launches-load.json`).
 //!
 //! Matmuls run on `--matmul cubecl` here (cuBLASLt needs a device); each cubek matmul launch
 //! counted is one cuBLASLt call on `--matmul cublas`.
@@ -275,6 +278,56 @@ fn the_launch_census_of_a_warm_s1_request() {
     }
 }
 
+/// Batches of the load benchmark's requests (SGLang PR 9748's shape: a new 300-token query and
+/// 10 items of 20 tokens each), at 1 to 64 requests a batch (64 fill one pass): launches by
+/// kernel type and host time, per batch. What a request adds is the slope between sizes: the
+/// work done per query (joining its K/V into each layer's prefix, caching it) where the GPU
+/// would rather run one pass of many.
+fn the_launch_census_of_load_batches() {
+    const SIZES: [usize; 4] = [1, 8, 32, 64];
+    let mut scorer = scorer::<4>(28);
+    let limits = scorer.preparer().limits();
+    let (name, routes) = routes()[1];
+    scorer.set_routes(routes);
+    let batch = |size: usize, seed: usize| (0..size).map(|r| input(limits, seed * 1_000 + r, 0, 300, &[20; 10], false)).collect::<Vec<_>>();
+    let mut runs = Vec::new();
+    for size in SIZES {
+        // The first batch of a size compiles and tunes its matmul shapes; the second is counted.
+        scorer.score_batch(&batch(size, 1).iter().collect::<Vec<_>>()).expect("a load batch is scored");
+        let requests = batch(size, 2);
+        let before = offline_cuda::counts();
+        let start = Instant::now();
+        scorer.score_batch(&requests.iter().collect::<Vec<_>>()).expect("a load batch is scored");
+        let host_ms = start.elapsed().as_secs_f64() * 1e3;
+        let counts = offline_cuda::counts().since(&before);
+        assert!(counts.compiles.iter().all(|(kernel, _)| is_sized_by_exact_shape(kernel)), "{name}: a warm load batch of {size} compiled:\n{}", describe(&counts.compiles.iter().map(|(&k, &n)| (k, n)).collect::<Vec<_>>()));
+        let launches = counts.total_launches();
+        println!("\n{name}: {size} load requests in a batch: {launches} launches ({:.1} a request), issued in {host_ms:.1} ms of host time", launches as f64 / size as f64);
+        let mut kernels: Vec<(&str, u64)> = counts.launches.iter().map(|(&k, &n)| (k, n)).collect();
+        kernels.sort_by_key(|&(kernel, n)| (std::cmp::Reverse(n), kernel));
+        for (kernel, n) in kernels.iter().take(8) {
+            println!("{n:>7}  {}", short_name(kernel));
+        }
+        runs.push((size, launches, host_ms, kernels.iter().map(|&(kernel, n)| serde_json::json!({"kernel": short_name(kernel), "launches": n})).collect::<Vec<_>>()));
+    }
+    let (first, last) = (&runs[0], &runs[runs.len() - 1]);
+    let per_request = (last.1 - first.1) as f64 / (last.0 - first.0) as f64;
+    println!("\n{name}: each load request adds {per_request:.1} launches to its batch");
+    if let Some(path) = std::env::var_os("TALLY_CUDA_LAUNCHES_LOAD_REPORT") {
+        let json = serde_json::json!({
+            "benchmark": "cuda-launches-load",
+            "what": "warm batches of the load benchmark's requests (a new 300-token query, 10 items of 20 tokens) through the engine on the offline CUDA runtime: launches by kernel type and the host's time to issue them, without the driver's launch cost; launches_added_per_request is the slope from the smallest batch to the largest",
+            "model": "qwen3-0.6b shape, 28 layers, bfloat16, through Burn's fusion, --matmul cubecl, prefix cache of 1 GiB",
+            "routes": name,
+            "host_cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "host_time_caveat": "as in cuda-launches-s1.json: an upper bound on a 2-core host; the launch counts do not depend on the host",
+            "launches_added_per_request": per_request,
+            "batches": runs.iter().map(|(size, launches, host_ms, kernels)| serde_json::json!({"requests": size, "launches": launches, "host_ms": host_ms, "launches_by_kernel": kernels})).collect::<Vec<_>>(),
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).expect("the report is written");
+    }
+}
+
 fn main() {
     // A kernel CubeCL cannot generate panics on the device's stream thread, where the offline
     // server catches it and the test reports it; its backtrace would only bury the report.
@@ -304,6 +357,10 @@ fn main() {
         }),
         libtest_mimic::Trial::test("the_launch_census_of_a_warm_s1_request", || {
             the_launch_census_of_a_warm_s1_request();
+            Ok(())
+        }),
+        libtest_mimic::Trial::test("the_launch_census_of_load_batches", || {
+            the_launch_census_of_load_batches();
             Ok(())
         }),
     ];

@@ -59,12 +59,15 @@ impl<B: Backend> PrefixLru<B> {
     }
 
     /// Stores a prefix, evicting the least recently used ones to make room. A prefix larger than
-    /// the whole cache is not stored.
+    /// the whole cache is not stored. One that is a view into a larger buffer (a query of a pass
+    /// that ran several) is stored as a copy of its own: the cache counts the bytes it holds, and
+    /// the view would hold the whole buffer.
     pub fn insert(&mut self, tokens: &[u32], prefix: QueryKv<B>) {
         let bytes = prefix.size_bytes();
         if bytes > self.capacity_bytes || self.entries.contains_key(tokens) {
             return;
         }
+        let prefix = prefix.compacted();
         while self.used_bytes + bytes > self.capacity_bytes {
             let Some(oldest) = self.entries.iter().min_by_key(|(_, e)| e.last_used).map(|(k, _)| k.clone()) else { break };
             if let Some(evicted) = self.entries.remove(&oldest) {

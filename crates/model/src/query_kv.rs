@@ -16,6 +16,10 @@ pub const PREFILL_CHUNK: usize = 512;
 pub struct QueryKv<B: Backend> {
     pub(crate) layers: Vec<PrefixKv<B>>,
     len: usize,
+    /// Whether the layers are views into buffers that hold more than this query (a longer
+    /// query's, or every query of a pass): such a query keeps that memory alive unseen by
+    /// [`Self::size_bytes`]; [`Self::compacted`] copies it out.
+    shares_buffers: bool,
 }
 
 impl<B: Backend> QueryKv<B> {
@@ -23,14 +27,33 @@ impl<B: Backend> QueryKv<B> {
     pub(crate) fn empty(layers: usize, kv_heads: usize, head_dim: usize, device: &B::Device) -> Self {
         // `empty`, not `zeros`: a fill of zero elements is a zero-block launch, which CUDA rejects.
         let empty = Tensor::<B, 3>::empty([kv_heads, 0, head_dim], device);
-        QueryKv { layers: vec![PrefixKv { keys: empty.clone(), values: empty }; layers], len: 0 }
+        QueryKv { layers: vec![PrefixKv { keys: empty.clone(), values: empty }; layers], len: 0, shares_buffers: false }
     }
 
     /// A query whose K/V per layer is `layers` (`[kv_heads, len, head_dim]` each, RoPE applied).
     pub fn from_layers(layers: Vec<PrefixKv<B>>) -> Self {
         let len = layers.first().map_or(0, PrefixKv::len);
         assert!(layers.iter().all(|kv| kv.len() == len), "every layer covers the same tokens");
-        QueryKv { layers, len }
+        QueryKv { layers, len, shares_buffers: false }
+    }
+
+    /// Tokens `start..start + len` of every layer of `joined` (views, no copy): one query of a
+    /// pass that ran several end to end.
+    pub(crate) fn views_of(joined: &[PrefixKv<B>], start: usize, len: usize) -> Self {
+        let shares_buffers = joined.first().is_some_and(|kv| kv.len() > len);
+        QueryKv { layers: joined.iter().map(|kv| kv.tokens(start, len)).collect(), len, shares_buffers }
+    }
+
+    /// This query in buffers of its own, copied out of the ones it shares (a view, kept, would
+    /// hold a whole pass's queries alive); itself when it shares none.
+    pub fn compacted(self) -> Self {
+        if !self.shares_buffers {
+            return self;
+        }
+        // Burn's `cat` writes a new buffer even for a lone part.
+        let copy = |tensor: Tensor<B, 3>| Tensor::cat(vec![tensor], 1);
+        let layers = self.layers.into_iter().map(|kv| PrefixKv { keys: copy(kv.keys), values: copy(kv.values) }).collect();
+        QueryKv { layers, len: self.len, shares_buffers: false }
     }
 
     /// Query tokens covered.
@@ -52,8 +75,8 @@ impl<B: Backend> QueryKv<B> {
     /// any query that begins the same way.
     pub fn truncated(&self, len: usize) -> Self {
         assert!(len <= self.len, "{len} tokens of a query of {}", self.len);
-        let layers = self.layers.iter().map(|kv| PrefixKv { keys: kv.keys.clone().narrow(1, 0, len), values: kv.values.clone().narrow(1, 0, len) }).collect();
-        QueryKv { layers, len }
+        let layers = self.layers.iter().map(|kv| kv.tokens(0, len)).collect();
+        QueryKv { layers, len, shares_buffers: self.shares_buffers || len < self.len }
     }
 }
 
@@ -125,7 +148,8 @@ impl<B: Backend> QueryBatch<B> {
     }
 
     /// The tails have run: `extended[q]` is query `q` whole where it had a tail, and `joined`
-    /// every layer's K/V of all queries end to end (the pass that ran the tails built it).
+    /// every layer's K/V of all queries end to end (the pass that ran the tails built it; the
+    /// extended queries may be views of it).
     pub(crate) fn tails_ran(&mut self, extended: Vec<Option<QueryKv<B>>>, joined: Vec<PrefixKv<B>>) {
         for ((query, tail), extended) in self.queries.iter_mut().zip(&mut self.tails).zip(extended) {
             if let Some(extended) = extended {

@@ -270,49 +270,82 @@ impl<B: ScoringBackend> DecoderModel<B> {
 /// row of the pass (see [`DecoderModel::forward`]).
 type LayerPrefix<'a, B> = dyn FnMut(usize, &Tensor<B, 3>, &Tensor<B, 3>) -> PrefixKv<B> + 'a;
 
-/// The tails of a [`QueryBatch`] as one pass runs them: each layer, each tail's K/V joins its
-/// query's K/V so far, and the queries, whole, join end to end as the layer's prefix.
+/// The tails of a [`QueryBatch`] as one pass runs them: each layer's prefix is every query,
+/// whole, end to end — its K/V so far, then its tail's K/V from the pass's rows — copied into one
+/// buffer, and each query with a tail is then a view of that buffer. A layer's prefix is one
+/// copy per part, not per query: tails of queries with nothing run so far sit next to each other
+/// in the pass, so a batch of new queries (the load of many short prompts) joins each layer's
+/// prefix with a single copy of its K and one of its V.
 struct TailRun<B: ScoringBackend> {
     /// Per query of the batch: its tail's rows in the pass (empty: no tail).
     rows: Vec<Range<usize>>,
-    /// Per query with a tail: its K/V, tail included, of each layer so far.
-    extended: Vec<Vec<PrefixKv<B>>>,
     /// The prefix of each layer so far: every query, whole, end to end.
     joined: Vec<PrefixKv<B>>,
 }
 
 impl<B: ScoringBackend> TailRun<B> {
     fn new(rows: Vec<Range<usize>>) -> Self {
-        TailRun { extended: vec![Vec::new(); rows.len()], rows, joined: Vec::new() }
+        TailRun { rows, joined: Vec::new() }
     }
 
     /// Layer `layer`'s prefix. `keys`, `values`: the layer's, every row of the pass.
     fn layer_prefix(&mut self, queries: &QueryBatch<B>, layer: usize, keys: &Tensor<B, 3>, values: &Tensor<B, 3>) -> PrefixKv<B> {
-        let parts: Vec<PrefixKv<B>> = queries
-            .parts()
-            .zip(&self.rows)
-            .zip(&mut self.extended)
-            .map(|(((query, _), rows), extended)| {
-                let so_far = &query.layers[layer];
-                if rows.is_empty() {
-                    return so_far.clone();
-                }
-                let tail = |rows_of: &Tensor<B, 3>| rows_of.clone().narrow(0, rows.start, rows.len()).swap_dims(0, 1);
-                let whole = PrefixKv { keys: Tensor::cat(vec![so_far.keys.clone(), tail(keys)], 1), values: Tensor::cat(vec![so_far.values.clone(), tail(values)], 1) };
-                extended.push(whole.clone());
-                whole
+        let so_far: Vec<&PrefixKv<B>> = queries.parts().map(|(query, _)| &query.layers[layer]).collect();
+        // `[rows, kv_heads, head_dim]` rows → `[kv_heads, rows, head_dim]`, a view.
+        let rows_of = |tensor: &Tensor<B, 3>, rows: &Range<usize>| tensor.clone().narrow(0, rows.start, rows.len()).swap_dims(0, 1);
+        let (key_parts, value_parts) = prefix_parts(so_far.iter().map(|kv| kv.len()), &self.rows)
+            .into_iter()
+            .map(|part| match part {
+                PrefixPart::SoFar(query) => (so_far[query].keys.clone(), so_far[query].values.clone()),
+                PrefixPart::PassRows(rows) => (rows_of(keys, &rows), rows_of(values, &rows)),
             })
-            .collect();
-        let joined = PrefixKv::join(&parts.iter().collect::<Vec<_>>()).0;
+            .unzip();
+        // A copy even of one part: the attention reads its prefix contiguous, and the pass's
+        // rows are a strided view.
+        let joined = PrefixKv { keys: Tensor::cat(key_parts, 1), values: Tensor::cat(value_parts, 1) };
         self.joined.push(joined.clone());
         joined
     }
 
-    /// Hands the queries, tails included, to the batch.
+    /// Hands the queries, tails included, to the batch: each a view of the joined prefixes.
     fn finish(self, queries: &mut QueryBatch<B>) {
-        let extended = self.extended.into_iter().map(|layers| (!layers.is_empty()).then(|| QueryKv::from_layers(layers))).collect();
+        let extended = self.rows.iter().enumerate().map(|(query, rows)| (!rows.is_empty()).then(|| {
+            let (start, len) = queries.span(query);
+            QueryKv::views_of(&self.joined, start, len)
+        }));
+        let extended = extended.collect();
         queries.tails_ran(extended, self.joined);
     }
+}
+
+/// Where a stretch of a layer's joined prefix comes from.
+#[derive(Debug, PartialEq)]
+enum PrefixPart {
+    /// Query `q`'s K/V so far.
+    SoFar(usize),
+    /// The pass's rows: one or more tails, of queries next to each other in the batch.
+    PassRows(Range<usize>),
+}
+
+/// The parts of a layer's joined prefix, in order, for queries with `so_far_lens` tokens run and
+/// tails at `tail_rows` of the pass (in query order, as the pass lays them out): each query's K/V
+/// so far, then its tail; a tail directly after the previous query's tail (nothing run between
+/// them) extends that part.
+fn prefix_parts(so_far_lens: impl Iterator<Item = usize>, tail_rows: &[Range<usize>]) -> Vec<PrefixPart> {
+    let mut parts = Vec::new();
+    for (query, (so_far, rows)) in so_far_lens.zip(tail_rows).enumerate() {
+        if so_far > 0 {
+            parts.push(PrefixPart::SoFar(query));
+        }
+        if rows.is_empty() {
+            continue;
+        }
+        match parts.last_mut() {
+            Some(PrefixPart::PassRows(previous)) if previous.end == rows.start => previous.end = rows.end,
+            _ => parts.push(PrefixPart::PassRows(rows.clone())),
+        }
+    }
+    parts
 }
 
 /// The layers' elementwise steps on their route: the backend's fused kernels or Burn's ops.
@@ -343,5 +376,25 @@ impl<B: ScoringBackend> Elementwise<B> {
             ElementwiseRoute::Kernels => B::silu_mul(gate_up),
             ElementwiseRoute::Burn => elementwise::silu_mul(gate_up),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{prefix_parts, PrefixPart};
+
+    #[test]
+    fn new_queries_tails_join_as_one_stretch_of_the_pass() {
+        // Three queries with nothing run yet, and an empty one (no query) among them.
+        let parts = prefix_parts([0, 0, 0, 0].into_iter(), &[0..300, 300..420, 0..0, 420..421]);
+        assert_eq!(parts, [PrefixPart::PassRows(0..421)]);
+    }
+
+    #[test]
+    fn a_query_run_so_far_splits_the_tails_around_it() {
+        // Query 1 resumes from the cache; query 2 is cached whole (no tail).
+        let parts = prefix_parts([0, 512, 40, 0].into_iter(), &[0..10, 10..30, 0..0, 30..35]);
+        assert_eq!(parts, [PrefixPart::PassRows(0..10), PrefixPart::SoFar(1), PrefixPart::PassRows(10..30), PrefixPart::SoFar(2), PrefixPart::PassRows(30..35)]);
+        assert_eq!(prefix_parts([7].into_iter(), &[0..0]), [PrefixPart::SoFar(0)], "no tail: the query as it is");
     }
 }
