@@ -293,8 +293,9 @@ fn the_launch_census_of_load_batches() {
     let mut runs = Vec::new();
     for size in SIZES {
         // The first batch of a size compiles and tunes its matmul shapes; the second is counted.
-        scorer.score_batch(&batch(size, 1).iter().collect::<Vec<_>>()).expect("a load batch is scored");
-        let requests = batch(size, 2);
+        // Every query is new (no batch shares a seed), as in `bench load`.
+        scorer.score_batch(&batch(size, 2 * size).iter().collect::<Vec<_>>()).expect("a load batch is scored");
+        let requests = batch(size, 2 * size + 1);
         let before = offline_cuda::counts();
         let start = Instant::now();
         scorer.score_batch(&requests.iter().collect::<Vec<_>>()).expect("a load batch is scored");

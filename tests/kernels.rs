@@ -149,6 +149,27 @@ fn attention_every_tile_shape() {
     }
 }
 
+fn attention_reads_keys_and_values_where_the_qkv_projection_wrote_them() {
+    // The model's values are a view of the fused QKV output, one row a token (its keys too,
+    // before their norm): the kernels read keys and values at such a stride, without a copy. Rows padded by 1 element leave a stride no vector divides (K/V staged an element
+    // at a time), by 4 one that 4-wide vectors still divide.
+    let cases = [
+        Case { groups: vec![(40, vec![16, 17, 33, 1]), (0, vec![5])], q_heads: 4, kv_heads: 2, head_dim: 32 },
+        Case { groups: vec![(17, vec![64, 65, 2])], q_heads: 16, kv_heads: 8, head_dim: 128 },
+    ];
+    for case in cases {
+        let expected = case.expected(51);
+        let row = (case.q_heads + 2 * case.kv_heads) * case.head_dim;
+        for padding in [0, 1, 4] {
+            for kernel in [AttentionKernel::Rows, AttentionKernel::Tiled(TileShape::default()), AttentionKernel::Flash(TileShape::default()), AttentionKernel::Flash(TileShape::default().with_stages(1).expect("a built shape"))] {
+                let (got, value_stride) = case.kernel_on_fused_rows::<f32>(51, kernel, padding);
+                assert_eq!(value_stride, row + padding, "the values reach the kernel as a view, {}", case.name());
+                assert_close(&got, &expected, 1e-4, &format!("{kernel:?} ({}), rows padded by {padding}, {}", case.launched::<f32>(kernel), case.name()));
+            }
+        }
+    }
+}
+
 fn attention_through_the_fusion_backend_matches() {
     // The default `Wgpu`/`Cuda` types go through Burn's fusion layer: the wiring in tally-model.
     let case = Case { groups: vec![(40, vec![3, 9]), (7, vec![18])], q_heads: 4, kv_heads: 2, head_dim: 32 };
@@ -825,6 +846,7 @@ fn main() {
         attention_head_sizes_off_the_flash_kernels_blocks,
         attention_staging_past_one_vector_a_unit,
         attention_every_tile_shape,
+        attention_reads_keys_and_values_where_the_qkv_projection_wrote_them,
         attention_through_the_fusion_backend_matches,
         add_rms_norm_matches_float64,
         norm_rope_matches_float64,

@@ -56,6 +56,24 @@ fn attention_in_f16_accumulates_in_f32() {
     }
 }
 
+fn attention_in_f16_reads_values_where_the_qkv_projection_wrote_them() {
+    // As the model runs it: queries, keys and values views of one fused row a token. On CUDA the
+    // default flash tile (cp.async, 32 rows a warp) on tensor cores. Rows padded by 8 elements
+    // keep 16-byte vectors; by 2, vectors of one 32-bit word; by 1, a stride of half a word,
+    // which no tile kernel reads (the row kernel does).
+    let case = Case { groups: vec![(130, vec![16, 17, 1]), (0, vec![33])], q_heads: 16, kv_heads: 8, head_dim: 128 };
+    let expected = case.expected(61);
+    let tile = TileShape::new(128, 64).expect("a built shape").with_staging(KvStaging::CopyAsync);
+    let kernels = [AttentionKernel::Rows, AttentionKernel::Flash(tile), AttentionKernel::Flash(tile.with_warp_rows(32).expect("128 rows hold warps of 32"))];
+    for padding in [0, 1, 2, 8] {
+        for kernel in kernels {
+            let (got, value_stride) = case.kernel_on_fused_rows::<half::f16>(61, kernel, padding);
+            assert_eq!(value_stride, 32 * 128 + padding, "the values reach the kernel as a view");
+            assert_close(&got, &expected, 1e-2, &format!("f16, {kernel:?} ({}), rows padded by {padding}, {}", case.launched::<half::f16>(kernel), case.name()));
+        }
+    }
+}
+
 /// Both ways the tensor-core tiles read key and value `B` fragments (`ldmatrix`, and one read
 /// per element where CubeCL's `position_of_nth` says) give every lane the elements PTX's
 /// m16n8k16 layout puts there: keysᵀ (k = dimension, n = key) and values (k = key, n =
@@ -267,7 +285,7 @@ fn cublas_writes_float32_products_of_16_bit_operands() {
 
 fn main() {
     #[allow(unused_mut)] // more tests on CUDA
-    let mut tests = gpu::named![attention_in_f16_accumulates_in_f32, elementwise_kernels_in_f16, softmax_lse_writes_f16_weights_and_a_float32_lse, the_cascade_in_f16_merges_in_float32];
+    let mut tests = gpu::named![attention_in_f16_accumulates_in_f32, attention_in_f16_reads_values_where_the_qkv_projection_wrote_them, elementwise_kernels_in_f16, softmax_lse_writes_f16_weights_and_a_float32_lse, the_cascade_in_f16_merges_in_float32];
     #[cfg(feature = "cuda")]
     tests.extend(gpu::named![tensor_core_fragment_loads_are_ptxs, cublas_writes_float32_products_of_16_bit_operands]);
     gpu::run(tests)

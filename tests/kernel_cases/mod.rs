@@ -5,6 +5,7 @@
 
 use burn::backend::NdArray;
 use burn::tensor::{backend::Backend, Tensor, TensorData, TensorPrimitive};
+use burn_cubecl::cubecl::zspace::metadata::Metadata;
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::{tensor::CubeTensor, CubeBackend, CubeRuntime, FloatElement};
 use tally_model::{AttentionRoute, ElementwiseRoute, ItemLayout, LabelRoute, PrefixKv, Routes, ScoringBackend};
@@ -168,6 +169,45 @@ impl Case {
         }
         .run_into(&output);
         host(Tensor::<Gpu<F>, 3>::from_primitive(TensorPrimitive::Float(output)))
+    }
+
+    /// [`Self::kernel`] with the keys and values read where a fused QKV projection writes them:
+    /// views of one `[tokens, row]` buffer, each token's q, k and v side by side, and `padding`
+    /// more elements a row after them (so the token stride need not be a multiple of any
+    /// vector). Returns the output and the values' token stride as the kernel saw it.
+    pub fn kernel_on_fused_rows<F: FloatElement>(&self, seed: u64, kernel: AttentionKernel, padding: usize) -> (Vec<f32>, usize) {
+        let (queries, keys, values, _) = self.inputs(seed);
+        let (prefix, spans) = self.joined_prefix_on::<Gpu<F>>(seed);
+        let layout = self.layout();
+        let (t, q, kv, d) = (layout.tokens(), self.q_heads, self.kv_heads, self.head_dim);
+        let row = (q + 2 * kv) * d + padding;
+        let mut fused = vec![f32::NAN; t * row];
+        for token in 0..t {
+            let at = token * row;
+            fused[at..at + q * d].copy_from_slice(&queries[token * q * d..][..q * d]);
+            fused[at + q * d..at + (q + kv) * d].copy_from_slice(&keys[token * kv * d..][..kv * d]);
+            fused[at + (q + kv) * d..at + (q + 2 * kv) * d].copy_from_slice(&values[token * kv * d..][..kv * d]);
+        }
+        // Uploaded flat (a 2-D upload may be pitched on CUDA); the views made here, not by
+        // Burn's `narrow`, which copies a slice whose end is not aligned to the device's memory
+        // alignment (a padded row's), so the strides the test names are the ones the kernel sees.
+        let flat = cube(tensor::<Gpu<F>, 1>(&fused, [t * row]));
+        let view = |start: usize, heads: usize| {
+            let handle = flat.handle.clone().offset_start((start * flat.dtype.size()) as u64);
+            CubeTensor::new(flat.client.clone(), handle, Metadata::new([t, heads, d], [row, d, 1]), flat.device.clone(), flat.dtype)
+        };
+        let values = view((q + kv) * d, kv);
+        let value_stride = values.meta.strides()[0];
+        let item_prefixes: Vec<(usize, usize)> = layout.item_groups().map(|g| spans[g]).collect();
+        let device = Default::default();
+        let tiles = AttentionTiles::<GpuRuntime>::new(&GpuRuntime::client(&device), &device, layout.offsets(), &item_prefixes, q / kv, kernel);
+        let output = poisoned::<F, 3>([t, q, d]);
+        // The queries contiguous, as the model's are after their norm: Burn's own copy of a view
+        // whose token stride is not a multiple of its vectors would read it wrong, and Burn
+        // never makes such a view (see above).
+        let queries = cube(tensor::<Gpu<F>, 3>(&queries, [t, q, d]));
+        MultiItemAttention { queries, keys: view(q * d, kv), values, prefix_keys: cube(prefix.keys), prefix_values: cube(prefix.values), tiles: &tiles }.run_into(&output);
+        (host(Tensor::<Gpu<F>, 3>::from_primitive(TensorPrimitive::Float(output))), value_stride)
     }
 }
 

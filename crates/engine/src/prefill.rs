@@ -53,14 +53,26 @@ pub struct BatchQueries<B: ScoringBackend> {
 }
 
 impl<B: ScoringBackend> BatchQueries<B> {
-    /// Caches the queries whose tails have run (call after the batch's first pass).
+    /// Caches the queries whose tails have run (call after the batch's first pass): the last of
+    /// them that fit the cache together (those the batch's own inserts would not evict again),
+    /// in buffers shared by them alone — the pass's prefix buffers themselves where they are all
+    /// of it, as in a batch of new queries, so caching them copies nothing.
     pub fn cache_run_tails(&mut self, cache: &mut PrefixLru<B>, stats: &EngineStats) {
         if self.to_cache.is_empty() || self.queries.tail_tokens() > 0 {
             return;
         }
-        for (index, query) in self.to_cache.drain(..) {
-            cache.insert(&query, self.queries.query(index).clone());
+        let mut kept = Vec::new();
+        let mut bytes = 0;
+        for (index, query) in self.to_cache.drain(..).rev() {
+            bytes += self.queries.query(index).size_bytes();
+            if bytes > cache.capacity_bytes() {
+                break;
+            }
+            kept.push((index, query));
         }
+        kept.reverse();
+        let copies = self.queries.own_copies(&kept.iter().map(|&(index, _)| index).collect::<Vec<_>>());
+        cache.insert_sharing(kept.into_iter().map(|(_, query)| query).zip(copies).collect());
         stats.prefix_cache_bytes.store(cache.used_bytes() as u64, Relaxed);
     }
 }

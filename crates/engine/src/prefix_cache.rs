@@ -1,4 +1,8 @@
 //! A bounded LRU of prefilled queries, keyed by token ids, sized by device bytes.
+//!
+//! Entries may share buffers: the queries a pass ran side by side are cached as views of one
+//! buffer a layer (no copy where the pass's own prefix buffer is exactly them). Such a buffer is
+//! freed only with the last entry in it, so the cache counts each buffer whole until then.
 
 use std::collections::HashMap;
 
@@ -7,28 +11,47 @@ use tally_model::QueryKv;
 
 struct Entry<B: Backend> {
     prefix: QueryKv<B>,
-    bytes: usize,
+    /// The buffers it lives in (an index into `PrefixLru::buffers`).
+    buffer: u64,
     last_used: u64,
+}
+
+/// Buffers entries live in: their bytes, and how many entries still do.
+struct SharedBuffer {
+    bytes: usize,
+    entries: usize,
 }
 
 pub struct PrefixLru<B: Backend> {
     entries: HashMap<Vec<u32>, Entry<B>>,
+    buffers: HashMap<u64, SharedBuffer>,
+    next_buffer: u64,
     capacity_bytes: usize,
+    /// Bytes of the buffers entries live in.
     used_bytes: usize,
     clock: u64,
 }
 
 impl<B: Backend> PrefixLru<B> {
     pub fn new(capacity_bytes: usize) -> Self {
-        PrefixLru { entries: HashMap::new(), capacity_bytes, used_bytes: 0, clock: 0 }
+        PrefixLru { entries: HashMap::new(), buffers: HashMap::new(), next_buffer: 0, capacity_bytes, used_bytes: 0, clock: 0 }
     }
 
     pub fn is_enabled(&self) -> bool {
         self.capacity_bytes > 0
     }
 
+    pub fn capacity_bytes(&self) -> usize {
+        self.capacity_bytes
+    }
+
     pub fn used_bytes(&self) -> usize {
         self.used_bytes
+    }
+
+    /// Whether `tokens` is cached, as is (not counted as a use).
+    pub fn contains(&self, tokens: &[u32]) -> bool {
+        self.entries.contains_key(tokens)
     }
 
     /// The longest beginning of `tokens` (all of it at most) that some cached query shares:
@@ -63,20 +86,45 @@ impl<B: Backend> PrefixLru<B> {
     /// that ran several) is stored as a copy of its own: the cache counts the bytes it holds, and
     /// the view would hold the whole buffer.
     pub fn insert(&mut self, tokens: &[u32], prefix: QueryKv<B>) {
-        let bytes = prefix.size_bytes();
-        if bytes > self.capacity_bytes || self.entries.contains_key(tokens) {
+        if prefix.size_bytes() > self.capacity_bytes || self.contains(tokens) {
             return;
         }
-        let prefix = prefix.compacted();
-        while self.used_bytes + bytes > self.capacity_bytes {
-            let Some(oldest) = self.entries.iter().min_by_key(|(_, e)| e.last_used).map(|(k, _)| k.clone()) else { break };
-            if let Some(evicted) = self.entries.remove(&oldest) {
-                self.used_bytes -= evicted.bytes;
-            }
+        self.insert_sharing(vec![(tokens.to_vec(), prefix.compacted())]);
+    }
+
+    /// Stores prefixes that are together all of the buffers they are views of (see
+    /// `QueryBatch::own_copies`), none of them cached yet, evicting the least recently used to
+    /// make room; none if together they are larger than the whole cache. The buffers stay
+    /// counted until the last of them is evicted.
+    pub fn insert_sharing(&mut self, prefixes: Vec<(Vec<u32>, QueryKv<B>)>) {
+        let bytes: usize = prefixes.iter().map(|(_, prefix)| prefix.size_bytes()).sum();
+        if prefixes.is_empty() || bytes > self.capacity_bytes {
+            return;
         }
-        self.clock += 1;
+        debug_assert!(prefixes.iter().all(|(tokens, _)| !self.contains(tokens)), "prefixes already cached would leave part of the buffers uncounted");
+        while self.used_bytes + bytes > self.capacity_bytes && self.evict_least_recent() {}
+        let buffer = self.next_buffer;
+        self.next_buffer += 1;
+        self.buffers.insert(buffer, SharedBuffer { bytes, entries: prefixes.len() });
         self.used_bytes += bytes;
-        self.entries.insert(tokens.to_vec(), Entry { prefix, bytes, last_used: self.clock });
+        for (tokens, prefix) in prefixes {
+            self.clock += 1;
+            self.entries.insert(tokens, Entry { prefix, buffer, last_used: self.clock });
+        }
+    }
+
+    /// Evicts the least recently used entry (false: none left); its buffer goes with the last
+    /// entry in it.
+    fn evict_least_recent(&mut self) -> bool {
+        let Some(oldest) = self.entries.iter().min_by_key(|(_, e)| e.last_used).map(|(k, _)| k.clone()) else { return false };
+        let entry = self.entries.remove(&oldest).expect("the key was just found");
+        let buffer = self.buffers.get_mut(&entry.buffer).expect("an entry's buffer is counted");
+        buffer.entries -= 1;
+        if buffer.entries == 0 {
+            self.used_bytes -= buffer.bytes;
+            self.buffers.remove(&entry.buffer);
+        }
+        true
     }
 }
 
@@ -84,8 +132,7 @@ impl<B: Backend> PrefixLru<B> {
 mod tests {
     use burn::backend::NdArray;
     use burn::tensor::Tensor;
-    use tally_model::PrefixKv;
-    use tally_model::QueryKv;
+    use tally_model::{PrefixKv, QueryBatch, QueryKv};
 
     use super::PrefixLru;
 
@@ -158,5 +205,30 @@ mod tests {
         }
         assert_eq!(cached(&mut roomy, &[1, 2, 3]), [true, true, true]);
         assert!(!PrefixLru::<B>::new(0).is_enabled());
+    }
+
+    #[test]
+    fn queries_sharing_buffers_are_counted_until_the_last_of_them_goes() {
+        let one = prefix(1).size_bytes();
+        let copies = QueryBatch::new(vec![prefix(1), prefix(2), prefix(1)]).own_copies(&[0, 1, 2]);
+        assert_eq!(copies.iter().map(QueryKv::len).collect::<Vec<_>>(), [1, 2, 1]);
+        let mut cache = PrefixLru::<B>::new(6 * one);
+        cache.insert_sharing(vec![(vec![1], copies[0].clone()), (vec![2], copies[1].clone()), (vec![3], copies[2].clone())]);
+        cache.insert(&[4], prefix(2));
+        assert_eq!(cache.used_bytes(), 6 * one);
+        assert_eq!(cached(&mut cache, &[2]), [true], "2 is now the most recent");
+        // Room for one token: evicting 1, then 3 frees nothing while 2 keeps their buffer alive,
+        // so 4 goes too.
+        cache.insert(&[5], prefix(1));
+        assert_eq!(cached(&mut cache, &[1, 3, 4, 2, 5]), [false, false, false, true, true]);
+        assert_eq!(cache.used_bytes(), (4 + 1) * one, "the shared buffer, counted whole, and 5");
+        // The last of them evicted, their buffer is freed.
+        cache.insert(&[6], prefix(2));
+        assert_eq!(cached(&mut cache, &[2, 5, 6]), [false, true, true]);
+        assert_eq!(cache.used_bytes(), 3 * one);
+        // Together larger than the whole cache: none stored.
+        let copies = QueryBatch::new(vec![prefix(4), prefix(3)]).own_copies(&[0, 1]);
+        cache.insert_sharing(vec![(vec![7], copies[0].clone()), (vec![8], copies[1].clone())]);
+        assert_eq!(cached(&mut cache, &[7, 8, 5, 6]), [false, false, true, true]);
     }
 }

@@ -161,6 +161,43 @@ impl<B: Backend> QueryBatch<B> {
         self.joined = OnceCell::from(joined);
     }
 
+    /// Queries `indices` (ascending, tails run) in buffers of their own, shared by them alone:
+    /// each layer's K/V of those queries end to end, copied out of the joined K/V a stretch at a
+    /// time (queries next to each other there are one stretch), or the joined K/V itself where
+    /// they are all of it (a batch of new queries, all to be cached: no copy). Each query comes
+    /// back as a view of the new buffers, which hold nothing else (see `PrefixLru`'s shared
+    /// entries).
+    pub fn own_copies(&self, indices: &[usize]) -> Vec<QueryKv<B>> {
+        let spans: Vec<(usize, usize)> = indices.iter().map(|&q| self.span(q)).filter(|&(_, len)| len > 0).collect();
+        if spans.is_empty() {
+            // Queries of no tokens hold nothing to copy.
+            return indices.iter().map(|&q| self.query(q).clone()).collect();
+        }
+        let mut stretches: Vec<(usize, usize)> = Vec::new();
+        for (start, len) in spans {
+            match stretches.last_mut() {
+                Some((first, total)) if *first + *total == start => *total += len,
+                _ => stretches.push((start, len)),
+            }
+        }
+        let layers = self.queries[0].layers.len();
+        let whole = self.spans.iter().map(|&(_, len)| len).sum::<usize>();
+        let own: Vec<PrefixKv<B>> = (0..layers)
+            .map(|layer| {
+                let joined = self.joined(layer);
+                match stretches.as_slice() {
+                    [(0, total)] if *total == whole => joined.clone(),
+                    _ => {
+                        let copy = |pick: fn(&PrefixKv<B>) -> &Tensor<B, 3>| Tensor::cat(stretches.iter().map(|&(start, len)| pick(joined).clone().narrow(1, start, len)).collect(), 1);
+                        PrefixKv { keys: copy(|kv| &kv.keys), values: copy(|kv| &kv.values) }
+                    }
+                }
+            })
+            .collect();
+        let lens: Vec<usize> = indices.iter().map(|&q| self.span(q).1).collect();
+        spans_end_to_end(lens.iter().copied()).into_iter().map(|(start, len)| QueryKv::views_of(&own, start, len)).collect()
+    }
+
     fn join(&self) -> Vec<PrefixKv<B>> {
         (0..self.queries[0].layers.len())
             .map(|layer| {
@@ -237,5 +274,22 @@ mod tests {
         assert_eq!(none.span(0), (0, 0));
         let sized = query(1, 4);
         assert_eq!((sized.len(), sized.size_bytes()), (4, 2 * 2 * 4 * 2 * 4), "2 layers × (keys + values) × 4 tokens × 2 dims × f32");
+    }
+
+    #[test]
+    fn own_copies_are_the_joined_buffer_where_they_are_all_of_it_and_copies_elsewhere() {
+        let batch = QueryBatch::new(vec![query(1, 2), query(2, 3), query(3, 1)]);
+        let all = batch.own_copies(&[0, 1, 2]);
+        let some = batch.own_copies(&[1, 2]);
+        for (copies, ids) in [(&all, vec![1, 2, 3]), (&some, vec![2, 3])] {
+            for (copy, id) in copies.iter().zip(ids) {
+                let original = query(id, copy.len());
+                for layer in 0..2 {
+                    assert_eq!(host(&copy.layers[layer].keys), host(&original.layers[layer].keys), "query {id}, layer {layer}");
+                    assert_eq!(host(&copy.layers[layer].values), host(&original.layers[layer].values), "query {id}, layer {layer}");
+                }
+            }
+        }
+        assert_eq!([some[0].len(), some[1].len()], [3, 1]);
     }
 }

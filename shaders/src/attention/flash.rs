@@ -208,7 +208,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     let mut staged_keys = SharedMemory::<F>::new_aligned(comptime![stages * buffer], 16usize);
     let mut staged_values = SharedMemory::<F>::new_aligned(comptime![stages * buffer], 16usize);
 
-    let kv = kv_rows::<W>(&tile, kv_head, keys, prefix_keys, head_dim);
+    let kv = kv_rows::<W>(&tile, kv_head, keys, values, prefix_keys, head_dim);
     let prefix_steps = tile.prefix_len.div_ceil(step_keys);
     let steps = prefix_steps + (tile.end - tile.own_start).div_ceil(step_keys);
     if comptime![stages == 1] {

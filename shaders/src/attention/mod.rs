@@ -258,10 +258,15 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         }
         let client = self.queries.client.clone();
         let dtype = self.queries.dtype;
-        let (queries, keys, values) = (into_contiguous(self.queries), into_contiguous(self.keys), into_contiguous(self.values));
+        let queries = into_contiguous(self.queries);
+        // The items' keys and values are read a token row at a time, at each tensor's token
+        // stride: the values as the QKV projection left them (a view of its fused output), not
+        // copied out first (1.8 ms of an S1 request on the H200, 2026-11-27).
+        let (keys, values) = (token_rows(self.keys), token_rows(self.values));
         let (prefix_keys, prefix_values) = (into_contiguous(self.prefix_keys), into_contiguous(self.prefix_values));
         // The tile kernels stage K/V a vector at a time, read as 32-bit words.
-        let staging = staging_width(&client, head_dim, dtype, [&keys, &values, &prefix_keys, &prefix_values]);
+        let strides = [keys.meta.strides()[0], values.meta.strides()[0]];
+        let staging = staging_width(&client, head_dim, dtype, &strides, [&keys, &values, &prefix_keys, &prefix_values]);
         let tiled = staging.and_then(|_| tiles.tile_kernel(&client, head_dim, dtype));
         let (width, words) = staging.map_or((1, 1), |width| (width, width * dtype.size() / 4));
         let grid = cubes(tiles.tile_count, kv_heads);
@@ -319,13 +324,25 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
     }
 }
 
+/// `[tokens, kv_heads, head_dim]` with each token's heads and dimensions contiguous, the tokens
+/// any stride apart (how the kernels read the items' keys and values): the tensor itself where
+/// it is so, else a contiguous copy.
+fn token_rows<R: CubeRuntime>(tensor: CubeTensor<R>) -> CubeTensor<R> {
+    let (shape, strides) = (tensor.meta.shape().dims::<3>(), tensor.meta.strides());
+    let rows_within = strides[2] == 1 && strides[1] == shape[2] && strides[0] >= shape[1] * shape[2];
+    if rows_within { tensor } else { into_contiguous(tensor) }
+}
+
 /// Elements per vector the tile kernels stage K/V with: the widest the device loads fastest
-/// (16 bytes on CUDA, 4 elements in WGSL) that divides `head_dim` and every K/V tensor's offset
-/// in its buffer, in whole 32-bit words (the kernels read K/V as words). `None` where no width
-/// is whole words (16-bit K/V at an odd offset): the row kernel takes those.
-fn staging_width<R: CubeRuntime>(client: &ComputeClient<R>, head_dim: usize, dtype: DType, kv: [&CubeTensor<R>; 4]) -> Option<usize> {
-    // The widest vector dividing a head and aligned; a narrower one would be fewer bytes still.
-    let width = vector_width(client, dtype.size(), &[head_dim], &kv);
+/// (16 bytes on CUDA, 4 elements in WGSL) that divides `head_dim` and the items' K/V token
+/// `strides` and every K/V tensor's offset in its buffer, in whole 32-bit words (the kernels
+/// read K/V as words). `None` where no width is whole words (16-bit K/V at an odd offset or
+/// stride): the row kernel takes those.
+fn staging_width<R: CubeRuntime>(client: &ComputeClient<R>, head_dim: usize, dtype: DType, strides: &[usize], kv: [&CubeTensor<R>; 4]) -> Option<usize> {
+    // The widest vector dividing a head, the strides, and aligned; a narrower one would be
+    // fewer bytes still.
+    let runs: Vec<usize> = std::iter::once(head_dim).chain(strides.iter().copied()).collect();
+    let width = vector_width(client, dtype.size(), &runs, &kv);
     (width * dtype.size()).is_multiple_of(4).then_some(width)
 }
 

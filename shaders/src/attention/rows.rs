@@ -42,6 +42,9 @@ pub(super) fn row_attention_kernel<F: Float>(
     let prefix_tokens = prefix_keys.shape(1);
     let kv_heads = keys.shape(1);
     let q_heads = kv_heads * group;
+    // The items' keys and values may each sit one row a token in a wider buffer (the values
+    // where the QKV projection wrote them).
+    let (key_stride, value_stride) = (keys.stride(0), values.stride(0));
 
     let unit = UNIT_POS_X as usize;
     let token = tile.start + unit / group;
@@ -84,9 +87,10 @@ pub(super) fn row_attention_kernel<F: Float>(
                 tile_keys[index] = f32::cast_from(prefix_keys[source]);
                 tile_values[index] = f32::cast_from(prefix_values[source]);
             } else {
-                let source = ((tile.own_start + key) * kv_heads + kv_head) * head_dim + e;
-                tile_keys[index] = f32::cast_from(keys[source]);
-                tile_values[index] = f32::cast_from(values[source]);
+                let token = tile.own_start + key;
+                let head = kv_head * head_dim + e;
+                tile_keys[index] = f32::cast_from(keys[token * key_stride + head]);
+                tile_values[index] = f32::cast_from(values[token * value_stride + head]);
             }
             index += CUBE_DIM_X as usize;
         }

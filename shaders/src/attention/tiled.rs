@@ -128,7 +128,7 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath, N: Size, W: Size>(
     let mut tile_values = SharedMemory::<F>::new_aligned(comptime![step_keys * staged_row(head_dim)], 16usize);
     let mut scores = SharedMemory::<f32>::new(comptime![rows * step_keys]);
 
-    let kv = kv_rows::<W>(&tile, kv_head, keys, prefix_keys, head_dim);
+    let kv = kv_rows::<W>(&tile, kv_head, keys, values, prefix_keys, head_dim);
     let prefix_steps = tile.prefix_len.div_ceil(step_keys);
     let own_steps = (tile.end - tile.own_start).div_ceil(step_keys);
     for step in 0..prefix_steps + own_steps {

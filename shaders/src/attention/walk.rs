@@ -154,9 +154,9 @@ pub(super) fn load_share<N: Size, W: Size>(
                 k = prefix_keys[source];
                 v = prefix_values[source];
             } else {
-                let source = own_element(kv, step, key, e) / width;
-                k = keys[source];
-                v = values[source];
+                let (key_source, value_source) = own_elements(kv, step, key, e);
+                k = keys[key_source / width];
+                v = values[value_source / width];
             }
         }
         share_keys[i] = k;
@@ -168,24 +168,31 @@ pub(super) fn load_share<N: Size, W: Size>(
 /// Where a cube's keys and values start, worked out once before its walk (in the step loop,
 /// each tensor shape it took was a read of CubeCL's metadata from global memory, every step,
 /// ahead of the next step's copies): the element of its KV head's first prefix key in the
-/// prefix K/V (`[kv_heads, prefix_tokens, head_dim]`), of its first own key in the items' K/V
-/// (`[tokens, kv_heads, head_dim]`), and the elements from one own key to the next.
+/// prefix K/V (`[kv_heads, prefix_tokens, head_dim]`, contiguous), of its first own key and
+/// value in the items' keys and values (`[tokens, kv_heads, head_dim]`, heads and dimensions
+/// contiguous), and the elements from one own key, or value, to the next: each tensor's token
+/// stride, so the values can be read where the QKV projection wrote them, one fused row a token,
+/// without a copy.
 #[derive(CubeType)]
 pub(super) struct KvRows {
     prefix: usize,
-    own: usize,
-    own_stride: usize,
+    own_key: usize,
+    own_value: usize,
+    key_stride: usize,
+    value_stride: usize,
 }
 
 /// [`KvRows`] of `tile` at `kv_head`.
 #[cube]
-pub(super) fn kv_rows<W: Size>(tile: &Tile, kv_head: usize, keys: &Tensor<Vector<u32, W>>, prefix_keys: &Tensor<Vector<u32, W>>, #[comptime] head_dim: usize) -> KvRows {
-    let kv_heads = keys.shape(1);
+pub(super) fn kv_rows<W: Size>(tile: &Tile, kv_head: usize, keys: &Tensor<Vector<u32, W>>, values: &Tensor<Vector<u32, W>>, prefix_keys: &Tensor<Vector<u32, W>>, #[comptime] head_dim: usize) -> KvRows {
     let prefix_tokens = prefix_keys.shape(1);
+    let (key_stride, value_stride) = (keys.stride(0), values.stride(0));
     KvRows {
         prefix: (kv_head * prefix_tokens + tile.prefix_start) * head_dim,
-        own: (tile.own_start * kv_heads + kv_head) * head_dim,
-        own_stride: kv_heads * head_dim,
+        own_key: tile.own_start * key_stride + kv_head * head_dim,
+        own_value: tile.own_start * value_stride + kv_head * head_dim,
+        key_stride,
+        value_stride,
     }
 }
 
@@ -195,10 +202,12 @@ fn prefix_element(kv: &KvRows, step: &Step, key: usize, e: usize, #[comptime] he
     kv.prefix + (step.first + key) * head_dim + e
 }
 
-/// The element where key `key` of an own `step` starts its dimension `e` in the items' K/V.
+/// The elements where key `key` of an own `step` starts its dimension `e` in the items' keys,
+/// and in their values.
 #[cube]
-fn own_element(kv: &KvRows, step: &Step, key: usize, e: usize) -> usize {
-    kv.own + (step.first + key) * kv.own_stride + e
+fn own_elements(kv: &KvRows, step: &Step, key: usize, e: usize) -> (usize, usize) {
+    let token = step.first + key;
+    (kv.own_key + token * kv.key_stride + e, kv.own_value + token * kv.value_stride + e)
 }
 
 /// Writes this unit's `share` of a step into the staged tiles (`[keys, head_dim]`, rows
@@ -273,10 +282,12 @@ pub(super) fn copy_share<F: Float, N: Size, W: Size>(
                     copy_async_checked(&prefix_values.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
                 }
             } else {
-                let source = select(present, own_element(kv, step, key, e) / width, 0usize);
+                let (key_source, value_source) = own_elements(kv, step, key, e);
+                let key_source = select(present, key_source / width, 0usize);
+                let value_source = select(present, value_source / width, 0usize);
                 unsafe {
-                    copy_async_checked(&keys.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
-                    copy_async_checked(&values.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
+                    copy_async_checked(&keys.slice(key_source, key_source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
+                    copy_async_checked(&values.slice(value_source, value_source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
                 }
             }
         }
