@@ -18,7 +18,7 @@ use tally_model::lm_head::label_logprobs;
 use tally_model::weight::TokenTable;
 use tally_model::LabelTable;
 use tally_model::{AttentionRoute, Matmul, ScoringBackend};
-use tally_shaders::{AttentionKernel, KvStaging, StreamedLabelLogprobs, TileShape};
+use tally_shaders::{AttentionKernel, KvStaging, StreamedLabelLogprobs, TilePacking, TileShape};
 
 /// Every kernel (the tile kernels in registers: float32) against the CPU, the flash kernel with
 /// one key step in flight and with two.
@@ -167,6 +167,28 @@ fn attention_reads_keys_and_values_where_the_qkv_projection_wrote_them() {
                 assert_close(&got, &expected, 1e-4, &format!("{kernel:?} ({}), rows padded by {padding}, {}", case.launched::<f32>(kernel), case.name()));
             }
         }
+    }
+}
+
+fn attention_on_filled_tiles_cuts_items_at_tile_edges() {
+    // `--tile-packing filled`: items cut wherever a tile ends, so a tile may begin inside an
+    // item (its rows still see that item's earlier keys) and hold pieces of three. Items of 20
+    // tokens (S1's) at 32 tokens a tile (64 rows, GQA 2), around odd ones and a second prefix.
+    let mut items = vec![20; 13];
+    items.extend([1, 17, 65, 31, 32, 33]);
+    let case = Case { groups: vec![(70, items), (0, vec![5, 40]), (3, vec![64])], q_heads: 4, kv_heads: 2, head_dim: 32 };
+    let expected = case.expected(71);
+    let filled = |shape: TileShape| shape.with_packing(TilePacking::Filled);
+    let shape = TileShape::default();
+    let kernels = [
+        AttentionKernel::Tiled(filled(shape.with_stages(1).expect("a built shape"))),
+        AttentionKernel::Flash(filled(shape)),
+        AttentionKernel::Flash(filled(shape.with_stages(1).expect("a built shape"))),
+        AttentionKernel::Flash(filled(shape.with_warp_rows(32).expect("64 rows hold warps of 32"))),
+        AttentionKernel::Flash(filled(TileShape::new(32, 32).expect("a built shape"))),
+    ];
+    for kernel in kernels {
+        assert_close(&case.kernel::<f32>(71, kernel), &expected, 1e-4, &format!("{kernel:?} ({}), {}", case.launched::<f32>(kernel), case.name()));
     }
 }
 
@@ -847,6 +869,7 @@ fn main() {
         attention_staging_past_one_vector_a_unit,
         attention_every_tile_shape,
         attention_reads_keys_and_values_where_the_qkv_projection_wrote_them,
+        attention_on_filled_tiles_cuts_items_at_tile_edges,
         attention_through_the_fusion_backend_matches,
         add_rms_norm_matches_float64,
         norm_rope_matches_float64,

@@ -10,7 +10,7 @@ mod kernel_cases;
 use burn::tensor::{DType, Tensor};
 use kernel_cases::{assert_close, tensor, Case, Fused, Gpu, FRAGMENT_LOADS, KV_STAGINGS};
 use tally_model::AttentionRoute;
-use tally_shaders::{tensor_core_tiles, AttentionKernel, KvStaging, TileShape};
+use tally_shaders::{tensor_core_tiles, AttentionKernel, KvStaging, TilePacking, TileShape};
 
 fn attention_in_f16_accumulates_in_f32() {
     // f16 inputs and output, f32 inside: only the roundings of f16 remain.
@@ -61,10 +61,12 @@ fn attention_in_f16_reads_values_where_the_qkv_projection_wrote_them() {
     // default flash tile (cp.async, 32 rows a warp) on tensor cores. Rows padded by 8 elements
     // keep 16-byte vectors; by 2, vectors of one 32-bit word; by 1, a stride of half a word,
     // which no tile kernel reads (the row kernel does).
-    let case = Case { groups: vec![(130, vec![16, 17, 1]), (0, vec![33])], q_heads: 16, kv_heads: 8, head_dim: 128 };
+    let case = Case { groups: vec![(130, vec![16, 17, 1, 20, 20, 20, 20]), (0, vec![33])], q_heads: 16, kv_heads: 8, head_dim: 128 };
     let expected = case.expected(61);
     let tile = TileShape::new(128, 64).expect("a built shape").with_staging(KvStaging::CopyAsync);
-    let kernels = [AttentionKernel::Rows, AttentionKernel::Flash(tile), AttentionKernel::Flash(tile.with_warp_rows(32).expect("128 rows hold warps of 32"))];
+    // CUDA's default tile, and the same with filled tiles (items cut at tile edges).
+    let cuda_default = tile.with_warp_rows(32).expect("128 rows hold warps of 32");
+    let kernels = [AttentionKernel::Rows, AttentionKernel::Flash(tile), AttentionKernel::Flash(cuda_default), AttentionKernel::Flash(cuda_default.with_packing(TilePacking::Filled))];
     for padding in [0, 1, 2, 8] {
         for kernel in kernels {
             let (got, value_stride) = case.kernel_on_fused_rows::<half::f16>(61, kernel, padding);

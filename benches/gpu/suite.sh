@@ -35,10 +35,12 @@ scenarios=${TALLY_SUITE_SCENARIOS:-s1 s2}
 tiles=${TALLY_SUITE_TILES-64x16 128x32}  # empty: no sweep
 # The flash kernel's variants the attention and scenario stages time beside its default, as
 # NAME=FLAGS with the flags joined by commas. CUDA's default since the H200 run of 2026-11-27 is
-# 128x64 with cp.async staging, 32 rows a warp and denormals flushed; each variant undoes one of
-# them (denormals kept; 16 rows a warp; 32-key steps), and `registers` is the default before it
-# (register read-ahead, 16 rows a warp, denormals kept). Empty: none.
-flash_variants=${TALLY_SUITE_FLASH_VARIANTS-keep-denormals=--flush-denormals,false warp16=--warp-rows,16 keys32=--tile-keys,32 registers=--kv-staging,registers,--warp-rows,16,--flush-denormals,false}
+# 128x64 with cp.async staging, 32 rows a warp and denormals flushed; `filled` packs the tiles
+# full (S1: 1,264 cubes, five waves of two a SM on an H200, against 1,336 and six), the others
+# each undo one default (denormals kept; 16 rows a warp; 32-key steps). The default before them
+# (`registers=--kv-staging,registers,--warp-rows,16,--flush-denormals,false`) was timed on
+# 2026-11-27 (1.634 ms a layer against 1.531). Empty: none.
+flash_variants=${TALLY_SUITE_FLASH_VARIANTS-filled=--tile-packing,filled keep-denormals=--flush-denormals,false warp16=--warp-rows,16 keys32=--tile-keys,32}
 dry=${TALLY_SUITE_DRY_RUN:-0}
 # A variant's flags, as words.
 variant_flags() {

@@ -189,6 +189,11 @@ pub struct DeviceArgs {
     /// read from shared memory; default 32 on CUDA, 16 elsewhere); a 16-row tile keeps 16.
     #[arg(long, value_parser = tile_size(["16", "32"]))]
     pub warp_rows: Option<usize>,
+    /// How `--attention tiled|flash` cuts a pass's items into tiles: `whole-items` (a tile takes
+    /// items while they fit) or `filled` (every tile full, items cut at tile edges: fewer cubes,
+    /// a tile starting inside an item also walks its earlier keys).
+    #[arg(long, value_enum, default_value_t = TilePacking::WholeItems)]
+    pub tile_packing: TilePacking,
     /// Compile the CUDA kernels with single-precision denormals flushed to zero (NVRTC
     /// `--ftz=true`): the attention softmax's exponentials lose their denormal fix-up. On by
     /// default on CUDA (`--flush-denormals false` keeps them); other backends have no such option.
@@ -210,6 +215,24 @@ impl From<KvStaging> for tally_model::KvStaging {
         match staging {
             KvStaging::Registers => tally_model::KvStaging::Registers,
             KvStaging::CpAsync => tally_model::KvStaging::CopyAsync,
+        }
+    }
+}
+
+/// How the tile kernels cut a pass's items into tiles (`tally_model::TilePacking`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TilePacking {
+    /// Whole items while they fit a tile.
+    WholeItems,
+    /// Every tile full.
+    Filled,
+}
+
+impl From<TilePacking> for tally_model::TilePacking {
+    fn from(packing: TilePacking) -> Self {
+        match packing {
+            TilePacking::WholeItems => tally_model::TilePacking::WholeItems,
+            TilePacking::Filled => tally_model::TilePacking::Filled,
         }
     }
 }
@@ -295,7 +318,7 @@ impl DeviceArgs {
     }
 
     /// The tile kernels' tile (`--tile-rows`, `--tile-keys`, `--tile-stages`, `--fragment-loads`,
-    /// `--kv-staging`, `--warp-rows`).
+    /// `--kv-staging`, `--warp-rows`, `--tile-packing`).
     pub fn tile(&self) -> tally_model::TileShape {
         let cuda = self.backend == BackendKind::Cuda;
         // On CUDA the largest tile: 128 rows x 64 keys took one S1 layer's flash attention from
@@ -310,7 +333,7 @@ impl DeviceArgs {
         // Every size is among those the flags list, so the shape exists.
         let shape = tally_model::TileShape::new(self.tile_rows.unwrap_or(rows), self.tile_keys.unwrap_or(keys)).unwrap_or_default();
         let shape = shape.with_stages(self.tile_stages).unwrap_or(shape).with_loads(self.fragment_loads.into());
-        let shape = shape.with_staging(self.kv_staging.unwrap_or(staging).into());
+        let shape = shape.with_staging(self.kv_staging.unwrap_or(staging).into()).with_packing(self.tile_packing.into());
         shape.with_warp_rows(self.warp_rows.unwrap_or(warp_rows)).unwrap_or(shape)
     }
 }
@@ -452,6 +475,7 @@ mod tests {
             fragment_loads: FragmentLoads::Ldmatrix,
             kv_staging: None,
             warp_rows: None,
+            tile_packing: TilePacking::WholeItems,
             flush_denormals: None,
         }
     }
@@ -482,8 +506,8 @@ mod tests {
         assert_eq!((asked.attention(), asked.matmul(), asked.elementwise()), (Attention::Kernel, Matmul::Cubecl, Elementwise::Burn));
         assert_eq!(asked.tile().to_string(), "64x64, 2 stages, ldmatrix", "the keys not asked for keep CUDA's default");
         assert!(!asked.flush_denormals());
-        let elsewhere = DeviceArgs { kv_staging: Some(KvStaging::CpAsync), warp_rows: Some(32), ..auto(BackendKind::Wgpu) };
-        assert_eq!(elsewhere.tile().to_string(), "64x16, 2 stages, ldmatrix, cp-async, 32 rows a warp");
+        let elsewhere = DeviceArgs { kv_staging: Some(KvStaging::CpAsync), warp_rows: Some(32), tile_packing: TilePacking::Filled, ..auto(BackendKind::Wgpu) };
+        assert_eq!(elsewhere.tile().to_string(), "64x16, 2 stages, ldmatrix, cp-async, 32 rows a warp, filled tiles");
         assert_eq!(asked.matmul_label(), "cubecl");
         let cublas = |cublas_ordering, cublas_algos| DeviceArgs { matmul: Matmul::Cublas, cublas_ordering, cublas_algos, ..auto(BackendKind::Cuda) }.matmul_label();
         assert_eq!(cublas(None, Some(8)), "cublas-algos8");

@@ -16,5 +16,5 @@ pub mod validate;
 pub use plan::{padded_tokens, plan_passes, ItemShape, PassBudget};
 pub use request::{Items, Query, ScoreRequest};
 pub use response::{ScoreResponse, Usage};
-pub use tile::{FragmentLoads, KvStaging, TileShape};
+pub use tile::{FragmentLoads, KvStaging, TilePacking, TileShape};
 pub use validate::{token_ids, ModelLimits, RequestInput, ScoreInput, ValidationError};

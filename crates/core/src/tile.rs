@@ -11,7 +11,8 @@
 /// query in registers) or 32 (FlashAttention-2's layout: two row blocks share every key and
 /// value fragment read, the query read from shared memory each step). Larger tiles read each prefix key for more rows and sync less often; smaller ones
 /// need less shared memory and registers. [`TileShape::ROWS`] × [`TileShape::KEYS`] ×
-/// [`TileShape::STAGES`] are the shapes built.
+/// [`TileShape::STAGES`] are the shapes built. `packing`: how a pass's items fill the tiles
+/// ([`TilePacking`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileShape {
     pub rows: usize,
@@ -20,6 +21,31 @@ pub struct TileShape {
     pub loads: FragmentLoads,
     pub staging: KvStaging,
     pub warp_rows: usize,
+    pub packing: TilePacking,
+}
+
+/// How a pass's items (those of one prefix, in order) are cut into tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TilePacking {
+    /// A tile takes whole items while they fit; an item longer than a tile is cut into pieces.
+    /// S1's 20-token items at 64 tokens a tile: 3 a tile, 60 of its 64 tokens.
+    #[default]
+    WholeItems,
+    /// Every tile but a prefix's last is full: an item that does not fit the open tile whole
+    /// begins in it and goes on in the next. Fewer cubes (S1: 1,264 in place of 1,336, five
+    /// waves of an H200's 264 two-cube slots rather than six); a tile that begins inside an
+    /// item walks that item's earlier keys too (S1: a second own-key step of 64 in most).
+    Filled,
+}
+
+impl TilePacking {
+    /// As the flags and results spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TilePacking::WholeItems => "whole-items",
+            TilePacking::Filled => "filled",
+        }
+    }
 }
 
 /// How a tile kernel on tensor cores fills its key and value fragments from shared memory.
@@ -68,12 +94,13 @@ impl KvStaging {
 
 impl Default for TileShape {
     fn default() -> Self {
-        TileShape { rows: 64, keys: 16, stages: 2, loads: FragmentLoads::default(), staging: KvStaging::default(), warp_rows: 16 }
+        TileShape { rows: 64, keys: 16, stages: 2, loads: FragmentLoads::default(), staging: KvStaging::default(), warp_rows: 16, packing: TilePacking::default() }
     }
 }
 
 /// `ROWSxKEYS, STAGES stages, LOADS`, then `, cp-async` and `, 32 rows a warp` where the flash
-/// kernel runs so, as the results spell it (runs before those choices read the same).
+/// kernel runs so and `, filled tiles` where the tiles are, as the results spell it (runs before
+/// those choices read the same).
 impl std::fmt::Display for TileShape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}x{}, {}, {}", self.rows, self.keys, self.stages_text(), self.loads.name())?;
@@ -82,6 +109,9 @@ impl std::fmt::Display for TileShape {
         }
         if self.warp_rows != 16 {
             write!(f, ", {} rows a warp", self.warp_rows)?;
+        }
+        if self.packing != TilePacking::WholeItems {
+            write!(f, ", {} tiles", self.packing.name())?;
         }
         Ok(())
     }
@@ -122,6 +152,11 @@ impl TileShape {
     /// This shape with the flash kernel's next key step staged by `staging`.
     pub fn with_staging(self, staging: KvStaging) -> Self {
         TileShape { staging, ..self }
+    }
+
+    /// This shape with its tiles packed by `packing`.
+    pub fn with_packing(self, packing: TilePacking) -> Self {
+        TileShape { packing, ..self }
     }
 
     /// This shape with `warp_rows` query rows a warp of the flash kernel; `None` unless

@@ -59,7 +59,7 @@ pub enum AttentionKernel {
     Flash(TileShape),
 }
 
-pub use tally_core::{FragmentLoads, KvStaging, TileShape};
+pub use tally_core::{FragmentLoads, KvStaging, TilePacking, TileShape};
 
 /// Whether a cube of `shape` fits the shared memory of `client`'s device at `head_dim` in `dtype`.
 pub fn tile_fits<R: CubeRuntime>(shape: TileShape, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> bool {
@@ -135,7 +135,11 @@ impl<R: CubeRuntime> AttentionTiles<R> {
         assert_eq!(item_prefixes.len() + 1, item_offsets.len(), "one prefix per item");
         let kernel = kernel.for_group(group);
         let tokens_per_tile = (kernel.rows_per_cube() / group).max(1);
-        let (tiles, item_starts) = tiles(item_offsets, item_prefixes, tokens_per_tile);
+        let packing = match kernel {
+            AttentionKernel::Tiled(shape) | AttentionKernel::Flash(shape) => shape.packing,
+            AttentionKernel::Rows => TilePacking::WholeItems,
+        };
+        let (tiles, item_starts) = tiles(item_offsets, item_prefixes, tokens_per_tile, packing);
         let tile_count = tiles.len() / 4;
         let upload = |mut values: Vec<u32>| {
             // A buffer can't be empty (a pass without tokens launches nothing, but still plans).
@@ -349,29 +353,39 @@ fn staging_width<R: CubeRuntime>(client: &ComputeClient<R>, head_dim: usize, dty
 /// Cuts the items into tiles of at most `tokens_per_tile` tokens: whole consecutive items with
 /// the same prefix, or one piece of an item longer than a tile. Returns the tiles as
 /// `[first token, end token, prefix start, prefix length]` each, and every token's item start.
-fn tiles(item_offsets: &[usize], item_prefixes: &[(usize, usize)], tokens_per_tile: usize) -> (Vec<u32>, Vec<u32>) {
+fn tiles(item_offsets: &[usize], item_prefixes: &[(usize, usize)], tokens_per_tile: usize, packing: TilePacking) -> (Vec<u32>, Vec<u32>) {
     let mut tiles: Vec<[usize; 4]> = Vec::new();
     let mut item_starts = Vec::with_capacity(item_offsets.last().copied().unwrap_or(0));
     for (item, &(prefix_start, prefix_len)) in item_prefixes.iter().enumerate() {
         let (start, end) = (item_offsets[item], item_offsets[item + 1]);
         item_starts.extend(std::iter::repeat_n(start as u32, end - start));
-        match tiles.last_mut() {
-            // Joins the open tile: same prefix and room for the whole item.
-            Some(tile) if tile[2..] == [prefix_start, prefix_len] && tile[1] == start && end - tile[0] <= tokens_per_tile => tile[1] = end,
-            _ => tiles.extend((start..end).step_by(tokens_per_tile).map(|first| [first, (first + tokens_per_tile).min(end), prefix_start, prefix_len])),
+        // Where the item's own tiles begin: at its start, or past the part the open tile took.
+        let mut first = start;
+        if let Some(tile) = tiles.last_mut().filter(|tile| tile[2..] == [prefix_start, prefix_len] && tile[1] == start) {
+            if end - tile[0] <= tokens_per_tile {
+                // Joins the open tile whole: same prefix, and room for all of it.
+                tile[1] = end;
+                continue;
+            }
+            if packing == TilePacking::Filled {
+                // Fills the open tile and goes on in the next.
+                first = tile[0] + tokens_per_tile;
+                tile[1] = first;
+            }
         }
+        tiles.extend((first..end).step_by(tokens_per_tile).map(|first| [first, (first + tokens_per_tile).min(end), prefix_start, prefix_len]));
     }
     (tiles.into_iter().flatten().map(|v| v as u32).collect(), item_starts)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{tiles, TileShape};
+    use super::{tiles, TilePacking, TileShape};
 
     #[test]
     fn tiles_join_small_items_of_one_prefix_and_split_long_ones() {
         // Items of 3, 2 and 7 tokens on prefix (0, 10), then 1 token on prefix (10, 4); 5 tokens per tile.
-        let (tiles, starts) = tiles(&[0, 3, 5, 12, 13], &[(0, 10), (0, 10), (0, 10), (10, 4)], 5);
+        let (tiles, starts) = tiles(&[0, 3, 5, 12, 13], &[(0, 10), (0, 10), (0, 10), (10, 4)], 5, TilePacking::WholeItems);
         let tiles: Vec<&[u32]> = tiles.chunks(4).collect();
         assert_eq!(tiles, [&[0, 5, 0, 10][..], &[5, 10, 0, 10], &[10, 12, 0, 10], &[12, 13, 10, 4]]);
         assert_eq!(starts, [0, 0, 0, 3, 3, 5, 5, 5, 5, 5, 5, 5, 12]);
@@ -380,7 +394,7 @@ mod tests {
     #[test]
     fn tile_shapes_are_those_built() {
         assert_eq!(TileShape::new(64, 16), Some(TileShape::default()));
-        assert_eq!(TileShape::new(128, 64), Some(TileShape { rows: 128, keys: 64, stages: 2, loads: super::FragmentLoads::Ldmatrix, staging: super::KvStaging::Registers, warp_rows: 16 }));
+        assert_eq!(TileShape::new(128, 64), Some(TileShape { rows: 128, keys: 64, stages: 2, loads: super::FragmentLoads::Ldmatrix, staging: super::KvStaging::Registers, warp_rows: 16, packing: TilePacking::WholeItems }));
         for (rows, keys) in [(48, 16), (64, 8), (256, 16), (0, 0)] {
             assert_eq!(TileShape::new(rows, keys), None, "{rows}x{keys}");
         }
@@ -388,7 +402,24 @@ mod tests {
 
     #[test]
     fn tiles_never_mix_prefixes() {
-        let (tiles, _) = tiles(&[0, 1, 2], &[(0, 3), (3, 3)], 8);
-        assert_eq!(tiles, [0, 1, 0, 3, 1, 2, 3, 3]);
+        for packing in [TilePacking::WholeItems, TilePacking::Filled] {
+            let (tiles, _) = tiles(&[0, 1, 2], &[(0, 3), (3, 3)], 8, packing);
+            assert_eq!(tiles, [0, 1, 0, 3, 1, 2, 3, 3], "{packing:?}");
+        }
+    }
+
+    #[test]
+    fn filled_tiles_cut_items_at_tile_edges() {
+        // Items of 3, 4, 2 and 9 tokens on one prefix, then 2 on another; 5 tokens a tile.
+        let offsets = [0, 3, 7, 9, 18, 20];
+        let prefixes = [(0, 6), (0, 6), (0, 6), (0, 6), (6, 1)];
+        let cut = |packing| tiles(&offsets, &prefixes, 5, packing).0.chunks(4).map(|t| [t[0], t[1]]).collect::<Vec<_>>();
+        // Whole items: 3 (the 4 does not fit), 4 + ... the 2 does not fit beside it, then the
+        // 9 in pieces of 5 and 4.
+        assert_eq!(cut(TilePacking::WholeItems), [[0, 3], [3, 7], [7, 9], [9, 14], [14, 18], [18, 20]]);
+        // Filled: every tile of the first prefix full but its last; the other prefix apart.
+        assert_eq!(cut(TilePacking::Filled), [[0, 5], [5, 10], [10, 15], [15, 18], [18, 20]]);
+        // An item that exactly fills the open tile joins it whole either way.
+        assert_eq!(tiles(&[0, 2, 5], &[(0, 1), (0, 1)], 5, TilePacking::Filled).0, [0, 5, 0, 1]);
     }
 }
