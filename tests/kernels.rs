@@ -154,7 +154,8 @@ fn attention_reads_keys_and_values_where_the_qkv_projection_wrote_them() {
     // before their norm): the kernels read keys and values at such a stride, without a copy. Rows padded by 1 element leave a stride no vector divides (K/V staged an element
     // at a time), by 4 one that 4-wide vectors still divide.
     let cases = [
-        Case { groups: vec![(40, vec![16, 17, 33, 1]), (0, vec![5])], q_heads: 4, kv_heads: 2, head_dim: 32 },
+        // Items under, at and past a 32-token tile (64 rows at GQA 2) and the 16-key steps.
+        Case { groups: vec![(40, vec![16, 17, 32, 33, 1]), (0, vec![5])], q_heads: 4, kv_heads: 2, head_dim: 32 },
         Case { groups: vec![(17, vec![64, 65, 2])], q_heads: 16, kv_heads: 8, head_dim: 128 },
     ];
     for case in cases {

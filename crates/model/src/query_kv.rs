@@ -168,13 +168,13 @@ impl<B: Backend> QueryBatch<B> {
     /// back as a view of the new buffers, which hold nothing else (see `PrefixLru`'s shared
     /// entries).
     pub fn own_copies(&self, indices: &[usize]) -> Vec<QueryKv<B>> {
-        let spans: Vec<(usize, usize)> = indices.iter().map(|&q| self.span(q)).filter(|&(_, len)| len > 0).collect();
-        if spans.is_empty() {
+        let spans: Vec<(usize, usize)> = indices.iter().map(|&q| self.span(q)).collect();
+        if spans.iter().all(|&(_, len)| len == 0) {
             // Queries of no tokens hold nothing to copy.
             return indices.iter().map(|&q| self.query(q).clone()).collect();
         }
         let mut stretches: Vec<(usize, usize)> = Vec::new();
-        for (start, len) in spans {
+        for &(start, len) in spans.iter().filter(|&&(_, len)| len > 0) {
             match stretches.last_mut() {
                 Some((first, total)) if *first + *total == start => *total += len,
                 _ => stretches.push((start, len)),
@@ -194,8 +194,7 @@ impl<B: Backend> QueryBatch<B> {
                 }
             })
             .collect();
-        let lens: Vec<usize> = indices.iter().map(|&q| self.span(q).1).collect();
-        spans_end_to_end(lens.iter().copied()).into_iter().map(|(start, len)| QueryKv::views_of(&own, start, len)).collect()
+        spans_end_to_end(spans.iter().map(|&(_, len)| len)).into_iter().map(|(start, len)| QueryKv::views_of(&own, start, len)).collect()
     }
 
     fn join(&self) -> Vec<PrefixKv<B>> {

@@ -350,8 +350,10 @@ fn staging_width<R: CubeRuntime>(client: &ComputeClient<R>, head_dim: usize, dty
     (width * dtype.size()).is_multiple_of(4).then_some(width)
 }
 
-/// Cuts the items into tiles of at most `tokens_per_tile` tokens: whole consecutive items with
-/// the same prefix, or one piece of an item longer than a tile. Returns the tiles as
+/// Cuts the items into tiles of at most `tokens_per_tile` tokens, never two prefixes in one:
+/// whole consecutive items while they fit and pieces of an item longer than a tile
+/// ([`TilePacking::WholeItems`]), or every tile full, items cut at its edges
+/// ([`TilePacking::Filled`]). Returns the tiles as
 /// `[first token, end token, prefix start, prefix length]` each, and every token's item start.
 fn tiles(item_offsets: &[usize], item_prefixes: &[(usize, usize)], tokens_per_tile: usize, packing: TilePacking) -> (Vec<u32>, Vec<u32>) {
     let mut tiles: Vec<[usize; 4]> = Vec::new();
@@ -414,8 +416,8 @@ mod tests {
         let offsets = [0, 3, 7, 9, 18, 20];
         let prefixes = [(0, 6), (0, 6), (0, 6), (0, 6), (6, 1)];
         let cut = |packing| tiles(&offsets, &prefixes, 5, packing).0.chunks(4).map(|t| [t[0], t[1]]).collect::<Vec<_>>();
-        // Whole items: 3 (the 4 does not fit), 4 + ... the 2 does not fit beside it, then the
-        // 9 in pieces of 5 and 4.
+        // Whole items: the 3 alone (the 4 does not fit beside it), the 4 alone (nor the 2), the
+        // 2 alone (nor the 9), then the 9 in pieces of 5 and 4.
         assert_eq!(cut(TilePacking::WholeItems), [[0, 3], [3, 7], [7, 9], [9, 14], [14, 18], [18, 20]]);
         // Filled: every tile of the first prefix full but its last; the other prefix apart.
         assert_eq!(cut(TilePacking::Filled), [[0, 5], [5, 10], [10, 15], [15, 18], [18, 20]]);

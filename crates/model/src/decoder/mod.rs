@@ -309,11 +309,12 @@ impl<B: ScoringBackend> TailRun<B> {
 
     /// Hands the queries, tails included, to the batch: each a view of the joined prefixes.
     fn finish(self, queries: &mut QueryBatch<B>) {
-        let extended = self.rows.iter().enumerate().map(|(query, rows)| (!rows.is_empty()).then(|| {
-            let (start, len) = queries.span(query);
-            QueryKv::views_of(&self.joined, start, len)
-        }));
-        let extended = extended.collect();
+        let extended = (self.rows.iter().enumerate())
+            .map(|(query, rows)| {
+                let (start, len) = queries.span(query);
+                (!rows.is_empty()).then(|| QueryKv::views_of(&self.joined, start, len))
+            })
+            .collect();
         queries.tails_ran(extended, self.joined);
     }
 }
