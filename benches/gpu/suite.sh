@@ -208,7 +208,7 @@ scenario_stage() {
     return $ok
 }
 
-# One warm S1 request split by kernel, per matmul route: a cold and a warm request, then the
+# One warm request of each scenario (TALLY_SUITE_PROFILE_SCENARIOS, default TALLY_SUITE_SCENARIOS) split by kernel, per matmul route: a cold and a warm request, then the
 # profiled one (`--profiled-request`: its query a prefix-cache hit, as in a warm request, between
 # two device syncs) whose CubeCL per-kernel table (printed and reset at each sync) and cuBLASLt
 # table (reset as it starts) cover it alone; top 20 as markdown, and their sum against the
@@ -217,13 +217,17 @@ scenario_stage() {
 profile_stage() {
     make_model || return 1
     local ok=0 dtype=${gpu_dtypes##* } attention=${attentions%% *}
-    for matmul in $matmuls; do
-        local name=profile-s1-$gpu-$dtype-$attention-$matmul
-        CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG=$bin/$name.log "$cuda" bench scenario --model $model --scenario s1 --items $items --requests 2 --profiled-request \
-            --backend $gpu --dtype $dtype --attention $attention $(matmul_flags $matmul) "${tile_flags[@]}" >"$out/$name.stdout" || ok=1
-        python3 benches/gpu/profile_table.py $bin/$name.log --stdout "$out/$name.stdout" --warm-json "$out/scenario-s1-$gpu-$dtype-$attention-$matmul.json" --title "S1, one warm request, $gpu $dtype, $attention attention, $matmul matmuls" --out "$out/$name.md" \
-            || { ok=1; tail -c 200000 $bin/$name.log >"$out/$name.log-tail"; }
-        rm -f $bin/$name.log
+    # S2 too: at half S1's item tokens its warm request took 0.78 of S1's time (2026-11-27).
+    for scenario in ${TALLY_SUITE_PROFILE_SCENARIOS:-$scenarios}; do
+        for matmul in $matmuls; do
+            local name=profile-$scenario-$gpu-$dtype-$attention-$matmul
+            local upper=$(echo $scenario | tr a-z A-Z)
+            CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG=$bin/$name.log "$cuda" bench scenario --model $model --scenario $scenario --items $items --requests 2 --profiled-request \
+                --backend $gpu --dtype $dtype --attention $attention $(matmul_flags $matmul) "${tile_flags[@]}" >"$out/$name.stdout" || ok=1
+            python3 benches/gpu/profile_table.py $bin/$name.log --stdout "$out/$name.stdout" --warm-json "$out/scenario-$scenario-$gpu-$dtype-$attention-$matmul.json" --title "$upper, one warm request, $gpu $dtype, $attention attention, $matmul matmuls" --out "$out/$name.md" \
+                || { ok=1; tail -c 200000 $bin/$name.log >"$out/$name.log-tail"; }
+            rm -f $bin/$name.log
+        done
     done
     return $ok
 }

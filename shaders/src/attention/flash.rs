@@ -316,8 +316,7 @@ fn flash_step<F: Float, T: FragmentMath>(
     let masked = !(step.in_prefix && step.count == step_keys);
     #[unroll]
     for r in 0..comptime![blocks * HALVES] {
-        let (from, to) = visible_keys(tile, step, rows_state.item_begins[r] as usize, rows_state.tokens[r] as usize);
-        online_softmax::<T>(&mut weights, rows_state, accumulated, r, from, to, masked, scale, head_dim, step_keys, rows, blocks);
+        online_softmax::<T>(&mut weights, rows_state, accumulated, tile, step, r, masked, scale, head_dim, step_keys, rows, blocks);
     }
 
     // 4. Add weights × values.
@@ -326,7 +325,8 @@ fn flash_step<F: Float, T: FragmentMath>(
 
 /// Step 3 for one of a unit's rows (`r`: `half` `r % 2` of block `r / 2`): its scores
 /// (`weights`' elements of that row, unscaled) become the weights of the keys it sees —
-/// `from..to` of the step where `masked`, all of them otherwise —, its running maximum and
+/// [`visible_keys`] of the step where `masked`, all of them otherwise (a row's token and item
+/// start are read only then: at 32 rows a warp they live in spilled registers) —, its running maximum and
 /// partial sum move on, and its output fragments are rescaled. Maxima are of unscaled scores
 /// (`scale` > 0 keeps their order), each weight is one `exp(score · scale − max)`, and masks are
 /// selects, not branches (a branch per element cost a reconvergence point each in the sm_90a
@@ -340,9 +340,9 @@ fn online_softmax<T: FragmentMath>(
     weights: &mut Array<f32>,
     rows_state: &mut RowsState,
     accumulated: &mut Array<f32>,
+    tile: &Tile,
+    step: &Step,
     r: usize,
-    from: usize,
-    to: usize,
     masked: bool,
     scale: f32,
     #[comptime] head_dim: usize,
@@ -361,7 +361,12 @@ fn online_softmax<T: FragmentMath>(
     for column in 0..COLUMNS {
         column_max[column] = f32::new(NO_SCORE);
     }
+    let mut from = 0;
+    let mut to = step.count;
     if masked {
+        let (visible_from, visible_to) = visible_keys(tile, step, rows_state.item_begins[r] as usize, rows_state.tokens[r] as usize);
+        from = visible_from;
+        to = visible_to;
         #[unroll]
         for block in 0..comptime![step_keys / 8] {
             #[unroll]

@@ -188,7 +188,8 @@ impl<R: CubeRuntime> AttentionTiles<R> {
     /// What a call at `head_dim` in `dtype` runs, for benchmarks and tests to report: `rows`,
     /// or `tiled`/`flash` with `registers`/`tensor cores`, on tensor cores how their fragments
     /// load (`ldmatrix`/`elements`), and the flash kernel's stages (`, cp-async` where it
-    /// copies so; `, 32 rows a warp` where its warps take two row blocks). It assumes K/V that
+    /// copies so; `, 32 rows a warp` where its warps take two row blocks), and `, filled
+    /// tiles` where items are cut at tile edges. It assumes K/V that
     /// start whole 32-bit words into their buffers, as every 16-bit K/V does that the tile
     /// kernels take (tensor cores need `head_dim` a multiple of 16); a call whose K/V do not
     /// runs the row kernel ([`staging_width`]).
@@ -212,6 +213,9 @@ impl<R: CubeRuntime> AttentionTiles<R> {
             if shape.warp_rows != 16 {
                 launched.push_str(&format!(", {} rows a warp", shape.warp_rows));
             }
+        }
+        if shape.packing != TilePacking::WholeItems {
+            launched.push_str(&format!(", {} tiles", shape.packing.name()));
         }
         launched
     }

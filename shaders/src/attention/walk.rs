@@ -118,6 +118,58 @@ const fn vectors_per_unit(step_keys: usize, head_dim: usize, width: usize, units
     (step_keys * head_dim / width).div_ceil(units)
 }
 
+/// Whether a cube's `units` take a step's `[step_keys, head_dim]` vectors (`width` elements
+/// each) in whole passes of the cube, each unit at the same dimensions of every key it takes:
+/// its keys are then `units / (head_dim / width)` apart, and no unit runs past the step. Then a
+/// unit's share is one [`SharePlan`] a step; otherwise each vector is found from its index.
+const fn in_whole_passes(step_keys: usize, head_dim: usize, width: usize, units: usize) -> bool {
+    let per_key = head_dim / width;
+    units.is_multiple_of(per_key) && (step_keys * per_key).is_multiple_of(units)
+}
+
+/// Keys from one of a unit's keys of a step to its next, in whole passes.
+const fn keys_apart(head_dim: usize, width: usize, units: usize) -> usize {
+    units / (head_dim / width)
+}
+
+/// A unit's share of one step where the cube takes it in whole passes ([`in_whole_passes`]):
+/// its first key of the step, where that key's vector is staged, where it is read (as vectors
+/// of the prefix K/V, or of the items' keys and values), and how many vectors the sources move
+/// from one of its keys to the next. Vector `i` of the share is key `key + i · keys_apart`, read
+/// `i` moves further and staged `i · keys_apart` staged rows further: one address a step, not
+/// one a vector (in the sm_90a code the vector-by-vector form cost ~30 instructions a cp.async
+/// copy — the unit's index read again, a guard and a branch, both sources' addresses worked out
+/// whole and predicated —, a fifth of a warp's key step).
+#[derive(CubeType)]
+struct SharePlan {
+    key: usize,
+    staged: usize,
+    key_source: usize,
+    value_source: usize,
+    key_move: usize,
+    value_move: usize,
+}
+
+/// The [`SharePlan`] of this unit for `step`, staged from element `staged_at`.
+#[cube]
+fn share_plan(kv: &KvRows, step: &Step, staged_at: usize, #[comptime] head_dim: usize, #[comptime] width: usize, #[comptime] units: usize) -> SharePlan {
+    let per_key = comptime![head_dim / width];
+    let apart = comptime![keys_apart(head_dim, width, units)];
+    let unit = UNIT_POS_X as usize;
+    let (key, e) = (unit / per_key, (unit % per_key) * width);
+    // Both places worked out, once a step: selects, where branches would each need their own
+    // copies of the variables.
+    let prefix = prefix_element(kv, step, key, e, head_dim) / width;
+    let (own_key, own_value) = own_elements(kv, step, key, e);
+    let in_prefix = step.in_prefix;
+    // Token strides hold whole vectors (`staging_width`).
+    let key_source = select(in_prefix, prefix, own_key / width);
+    let value_source = select(in_prefix, prefix, own_value / width);
+    let key_move = select(in_prefix, comptime![apart * head_dim / width], apart * kv.key_stride / width);
+    let value_move = select(in_prefix, comptime![apart * head_dim / width], apart * kv.value_stride / width);
+    SharePlan { key, staged: staged_at + key * comptime![staged_row(head_dim)] + e, key_source, value_source, key_move, value_move }
+}
+
 /// Reads this unit's share of `step`'s keys and values of `kv_head`, a vector of `N` elements
 /// (`W` words: the same bytes) at a time (`N` divides `head_dim`; 16 bytes on CUDA), zeros
 /// for keys past its count (the tile multiplies read them: a weight of 0 times a stale NaN
@@ -140,29 +192,67 @@ pub(super) fn load_share<N: Size, W: Size>(
     let count = comptime![vectors_per_unit(step_keys, head_dim, width, units)];
     let mut share_keys = Array::<Vector<u32, W>>::new(count);
     let mut share_values = Array::<Vector<u32, W>>::new(count);
+    if comptime![in_whole_passes(step_keys, head_dim, width, units)] {
+        let plan = share_plan(kv, step, 0usize, head_dim, width, units);
+        // One branch a step, around all of its reads.
+        if step.in_prefix {
+            read_planned::<W>(&plan, step, prefix_keys, prefix_values, &mut share_keys, &mut share_values, step_keys, head_dim, width, units);
+        } else {
+            read_planned::<W>(&plan, step, keys, values, &mut share_keys, &mut share_values, step_keys, head_dim, width, units);
+        }
+    } else {
+        #[unroll]
+        for i in 0..count {
+            let index = UNIT_POS_X as usize + i * units;
+            let key = index / comptime![head_dim / width];
+            let e = (index % comptime![head_dim / width]) * width;
+            let mut k = Vector::<u32, W>::new(0u32);
+            let mut v = Vector::<u32, W>::new(0u32);
+            // `key < step.count` also keeps `index` inside the step.
+            if key < step.count {
+                if step.in_prefix {
+                    let source = prefix_element(kv, step, key, e, head_dim) / width;
+                    k = prefix_keys[source];
+                    v = prefix_values[source];
+                } else {
+                    let (key_source, value_source) = own_elements(kv, step, key, e);
+                    k = keys[key_source / width];
+                    v = values[value_source / width];
+                }
+            }
+            share_keys[i] = k;
+            share_values[i] = v;
+        }
+    }
+    StepShare::<W> { keys: share_keys, values: share_values }
+}
+
+/// [`load_share`]'s reads from `keys` and `values` as `plan` places them, zeros past the count.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn read_planned<W: Size>(
+    plan: &SharePlan,
+    step: &Step,
+    keys: &Tensor<Vector<u32, W>>,
+    values: &Tensor<Vector<u32, W>>,
+    share_keys: &mut Array<Vector<u32, W>>,
+    share_values: &mut Array<Vector<u32, W>>,
+    #[comptime] step_keys: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] width: usize,
+    #[comptime] units: usize,
+) {
     #[unroll]
-    for i in 0..count {
-        let index = UNIT_POS_X as usize + i * units;
-        let key = index / comptime![head_dim / width];
-        let e = (index % comptime![head_dim / width]) * width;
+    for i in 0..comptime![vectors_per_unit(step_keys, head_dim, width, units)] {
         let mut k = Vector::<u32, W>::new(0u32);
         let mut v = Vector::<u32, W>::new(0u32);
-        // `key < step.count` also keeps `index` inside the step.
-        if key < step.count {
-            if step.in_prefix {
-                let source = prefix_element(kv, step, key, e, head_dim) / width;
-                k = prefix_keys[source];
-                v = prefix_values[source];
-            } else {
-                let (key_source, value_source) = own_elements(kv, step, key, e);
-                k = keys[key_source / width];
-                v = values[value_source / width];
-            }
+        if plan.key + i * comptime![keys_apart(head_dim, width, units)] < step.count {
+            k = keys[plan.key_source + i * plan.key_move];
+            v = values[plan.value_source + i * plan.value_move];
         }
         share_keys[i] = k;
         share_values[i] = v;
     }
-    StepShare::<W> { keys: share_keys, values: share_values }
 }
 
 /// Where a cube's keys and values start, worked out once before its walk (in the step loop,
@@ -223,19 +313,36 @@ pub(super) fn store_share<F: Float, N: Size, W: Size>(
     #[comptime] units: usize,
 ) {
     let width = N::value();
-    #[unroll]
-    for i in 0..comptime![vectors_per_unit(step_keys, head_dim, width, units)] {
-        let index = UNIT_POS_X as usize + i * units;
-        if index < comptime![step_keys * head_dim / width] {
-            let staged = staged_at + (index / comptime![head_dim / width]) * comptime![staged_row(head_dim)] + (index % comptime![head_dim / width]) * width;
-            let k = Vector::<F, N>::reinterpret(share.keys[i]);
-            let v = Vector::<F, N>::reinterpret(share.values[i]);
-            #[unroll]
-            for n in 0..width {
-                staged_keys[staged + n] = k[n];
-                staged_values[staged + n] = v[n];
+    let count = comptime![vectors_per_unit(step_keys, head_dim, width, units)];
+    if comptime![in_whole_passes(step_keys, head_dim, width, units)] {
+        let per_key = comptime![head_dim / width];
+        let unit = UNIT_POS_X as usize;
+        let first = staged_at + (unit / per_key) * comptime![staged_row(head_dim)] + (unit % per_key) * width;
+        #[unroll]
+        for i in 0..count {
+            store_vector::<F, N, W>(share, i, staged_keys, staged_values, first + i * comptime![keys_apart(head_dim, width, units) * staged_row(head_dim)]);
+        }
+    } else {
+        #[unroll]
+        for i in 0..count {
+            let index = UNIT_POS_X as usize + i * units;
+            if index < comptime![step_keys * head_dim / width] {
+                let staged = staged_at + (index / comptime![head_dim / width]) * comptime![staged_row(head_dim)] + (index % comptime![head_dim / width]) * width;
+                store_vector::<F, N, W>(share, i, staged_keys, staged_values, staged);
             }
         }
+    }
+}
+
+/// Stages vector `i` of `share` at element `staged` of the keys and of the values.
+#[cube]
+fn store_vector<F: Float, N: Size, W: Size>(share: &StepShare<W>, i: usize, staged_keys: &mut SharedMemory<F>, staged_values: &mut SharedMemory<F>, staged: usize) {
+    let k = Vector::<F, N>::reinterpret(share.keys[i]);
+    let v = Vector::<F, N>::reinterpret(share.values[i]);
+    #[unroll]
+    for n in 0..N::value() {
+        staged_keys[staged + n] = k[n];
+        staged_values[staged + n] = v[n];
     }
 }
 
@@ -244,7 +351,7 @@ pub(super) fn store_share<F: Float, N: Size, W: Size>(
 /// (`W` words) a copy, into the staged tiles from element `staged_at`. No register holds the
 /// data and no unit stores it. A key past the step's count is a copy of no bytes, which fills
 /// its vector with zeros. The copies are the unit's until it commits them to a barrier
-/// (`commit_copy_async`) and the cube waits on it.
+/// (`commit_copy_async`) and the cube waits on it. Addressed as [`load_share`] reads.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn copy_share<F: Float, N: Size, W: Size>(
@@ -262,34 +369,74 @@ pub(super) fn copy_share<F: Float, N: Size, W: Size>(
     #[comptime] units: usize,
 ) {
     let width = N::value();
-    #[unroll]
-    for i in 0..comptime![vectors_per_unit(step_keys, head_dim, width, units)] {
-        let index = UNIT_POS_X as usize + i * units;
-        if index < comptime![step_keys * head_dim / width] {
-            let key = index / comptime![head_dim / width];
-            let e = (index % comptime![head_dim / width]) * width;
-            let staged = staged_at + key * comptime![staged_row(head_dim)] + e;
-            // Vectors copied from the source: one, or none past the count.
-            let present = key < step.count;
-            let length = select(present, 1usize, 0usize);
-            // The copies are typed as the staged floats (CubeCL asks both sides to be one type);
-            // each side's offset stays in its own units (words vectors in global memory,
-            // elements in shared memory), and a copy moves `width` elements: `W` words.
-            if step.in_prefix {
-                let source = select(present, prefix_element(kv, step, key, e, head_dim) / width, 0usize);
-                unsafe {
-                    copy_async_checked(&prefix_keys.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
-                    copy_async_checked(&prefix_values.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
-                }
-            } else {
-                let (key_source, value_source) = own_elements(kv, step, key, e);
-                let key_source = select(present, key_source / width, 0usize);
-                let value_source = select(present, value_source / width, 0usize);
-                unsafe {
-                    copy_async_checked(&keys.slice(key_source, key_source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
-                    copy_async_checked(&values.slice(value_source, value_source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
+    if comptime![in_whole_passes(step_keys, head_dim, width, units)] {
+        let plan = share_plan(kv, step, staged_at, head_dim, width, units);
+        // One branch a step, around all of its copies: inside, the sm_90a code issued both
+        // sides' copies predicated, reloading the four tensors' addresses for each.
+        if step.in_prefix {
+            copy_planned::<F, W>(&plan, step, prefix_keys, prefix_values, staged_keys, staged_values, step_keys, head_dim, width, units);
+        } else {
+            copy_planned::<F, W>(&plan, step, keys, values, staged_keys, staged_values, step_keys, head_dim, width, units);
+        }
+    } else {
+        #[unroll]
+        for i in 0..comptime![vectors_per_unit(step_keys, head_dim, width, units)] {
+            let index = UNIT_POS_X as usize + i * units;
+            if index < comptime![step_keys * head_dim / width] {
+                let key = index / comptime![head_dim / width];
+                let e = (index % comptime![head_dim / width]) * width;
+                let staged = staged_at + key * comptime![staged_row(head_dim)] + e;
+                // Vectors copied from the source: one, or none past the count.
+                let present = key < step.count;
+                let length = select(present, 1usize, 0usize);
+                if step.in_prefix {
+                    let source = select(present, prefix_element(kv, step, key, e, head_dim) / width, 0usize);
+                    unsafe {
+                        copy_async_checked(&prefix_keys.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
+                        copy_async_checked(&prefix_values.slice(source, source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
+                    }
+                } else {
+                    let (key_source, value_source) = own_elements(kv, step, key, e);
+                    let key_source = select(present, key_source / width, 0usize);
+                    let value_source = select(present, value_source / width, 0usize);
+                    unsafe {
+                        copy_async_checked(&keys.slice(key_source, key_source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
+                        copy_async_checked(&values.slice(value_source, value_source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
+                    }
                 }
             }
+        }
+    }
+}
+
+/// [`copy_share`]'s copies from `keys` and `values` as `plan` places them. The copies are typed
+/// as the staged floats (CubeCL asks both sides to be one type); each side's offset stays in
+/// its own units (words vectors in global memory, elements in shared memory), and a copy moves
+/// `width` elements: `W` words. A key past the count copies nothing, from vector 0.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn copy_planned<F: Float, W: Size>(
+    plan: &SharePlan,
+    step: &Step,
+    keys: &Tensor<Vector<u32, W>>,
+    values: &Tensor<Vector<u32, W>>,
+    staged_keys: &mut SharedMemory<F>,
+    staged_values: &mut SharedMemory<F>,
+    #[comptime] step_keys: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] width: usize,
+    #[comptime] units: usize,
+) {
+    #[unroll]
+    for i in 0..comptime![vectors_per_unit(step_keys, head_dim, width, units)] {
+        let present = plan.key + i * comptime![keys_apart(head_dim, width, units)] < step.count;
+        let length = select(present, 1usize, 0usize);
+        let key_source = select(present, plan.key_source + i * plan.key_move, 0usize);
+        let value_source = select(present, plan.value_source + i * plan.value_move, 0usize);
+        let staged = plan.staged + i * comptime![keys_apart(head_dim, width, units) * staged_row(head_dim)];
+        unsafe {
+            copy_async_checked(&keys.slice(key_source, key_source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
+            copy_async_checked(&values.slice(value_source, value_source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
         }
     }
 }
