@@ -92,7 +92,7 @@ impl Toolkit {
         }
         let mut options = vec!["-lineinfo".to_owned()];
         // What `--flush-denormals` adds (patched cubecl-cuda).
-        if std::env::var_os("TALLY_CUDA_CODEGEN_FLUSH_DENORMALS").is_some() {
+        if flush_denormals() {
             options.push("--ftz=true".to_owned());
         }
         let options = CompileOptions { arch: Some("sm_90a"), include_paths, options, ..Default::default() };
@@ -141,6 +141,11 @@ impl Resources {
         }
         resources
     }
+}
+
+/// Whether kernels compile as `--flush-denormals` has them (`TALLY_CUDA_CODEGEN_FLUSH_DENORMALS`).
+fn flush_denormals() -> bool {
+    std::env::var_os("TALLY_CUDA_CODEGEN_FLUSH_DENORMALS").is_some()
 }
 
 /// Every attention route and tile variant on `F`, at the head shapes of SmolLM2 (9/3 heads of
@@ -267,7 +272,7 @@ fn report(compiled: &[Compiled]) -> serde_json::Value {
     let (median, mean) = (nvrtc.get(nvrtc.len() / 2).copied().unwrap_or(0.0), nvrtc.iter().sum::<f64>() / nvrtc.len().max(1) as f64);
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     println!("NVRTC a kernel: median {median:.2} s, mean {mean:.2} s ({workers} compiling at once on this machine; CubeCL compiles one at a time, at each kernel's first launch)");
-    serde_json::json!({ "arch": "sm_90a", "compiler": "CubeCL 0.10 CUDA dialect, NVRTC, ptxas", "nvrtc_median_s": median, "nvrtc_mean_s": mean, "compiling_at_once": workers, "kernels": rows })
+    serde_json::json!({ "arch": "sm_90a", "compiler": "CubeCL 0.10 CUDA dialect, NVRTC, ptxas", "flush_denormals": flush_denormals(), "nvrtc_median_s": median, "nvrtc_mean_s": mean, "compiling_at_once": workers, "kernels": rows })
 }
 
 fn every_kernel_compiles_for_sm_90a(toolkit: &Toolkit) {
