@@ -209,6 +209,8 @@ fn models_health_metrics_and_openapi_answer() {
         "tally_items_scored_total 2",
         "tally_tokens_scored_total 3",
         "tally_batch_requests_count 1",
+        "tally_pass_issue_seconds_count 1",
+        "tally_pass_wait_seconds_count 1",
         "tally_requests_waiting 0",
         "tally_requests_running 0",
         "tally_ready 1",

@@ -365,14 +365,47 @@ load_stage() {
     for _ in $(seq 1200); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
     curl -sf localhost:$port/health >/dev/null || { echo "load: the server did not come up (serve.log)"; ok=1; }
     grep -h "warmed up in" "$out/serve.log"
+    local before=$bin/load-warmed.metrics
+    curl -sf localhost:$port/metrics >"$before"
     for qps in $load_levels; do
         "$cuda" bench load --url http://127.0.0.1:$port --qps $qps --duration $load_seconds --prompt-tokens 300 --items-per-request 10 --item-tokens 20 --out "$out/load-qps$qps.json" || ok=1
         # The server's counters after each rate (cumulative): requests a batch, prefill passes
-        # (one pass a batch should leave it flat), items a pass, the prefix cache.
+        # (one pass a batch should leave it flat), items a pass, the prefix cache, and the model
+        # thread's time issuing a pass against its wait for the scores.
         curl -sf localhost:$port/metrics >"$out/load-qps$qps.metrics" || echo "load: no /metrics after $qps qps"
+        pass_times "$before" "$out/load-qps$qps.metrics" "$qps qps"
+        before=$out/load-qps$qps.metrics
     done
     kill -TERM $server; wait $server || ok=1
     return $ok
+}
+
+# The passes between two /metrics scrapes (BEFORE AFTER LABEL): how many, and the model thread's
+# mean time issuing one against its mean wait for a pass's scores (host-bound if issuing is the
+# larger, device-bound if waiting is).
+pass_times() {
+    python3 - "$@" <<'PY'
+import sys
+def counters(path):
+    values = {}
+    try:
+        lines = open(path).readlines()
+    except OSError:
+        return values
+    for line in lines:
+        name, _, value = line.strip().rpartition(" ")
+        if name.startswith("tally_pass_") and name.endswith(("_sum", "_count")):
+            values[name] = float(value)
+    return values
+before, after = counters(sys.argv[1]), counters(sys.argv[2])
+delta = lambda name: after.get(name, 0.0) - before.get(name, 0.0)
+passes = delta("tally_pass_issue_seconds_count")
+if passes:
+    issue, wait = (1e3 * delta(f"tally_pass_{kind}_seconds_sum") / passes for kind in ("issue", "wait"))
+    print(f"load {sys.argv[3]}: {passes:.0f} passes, {issue:.1f} ms issuing and {wait:.1f} ms waiting a pass (means)")
+else:
+    print(f"load {sys.argv[3]}: no passes counted")
+PY
 }
 
 # How long `tally serve` takes to answer /health (load + warm-up): with empty CubeCL caches (kernel

@@ -9,6 +9,8 @@ use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{padded_tokens, plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
 use tally_model::weights::FloatOnly;
 use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, ModelConfig, OpenedModel, QueryBatch, Routes, ScoringBackend, WeightForm, WeightStorage, PREFILL_CHUNK};
+// `std::time::Instant` panics on wasm32, where the browser page runs this engine.
+use web_time::Instant;
 
 use crate::prefill::{prefill_queries, PrefixCacheUse};
 use crate::prefix_cache::PrefixLru;
@@ -298,6 +300,7 @@ impl<B: ScoringBackend> Scorer<B> {
             .iter()
             .map(|run| ItemGroup { query: query_of[request_of(run)], items: run.iter().map(|&e| &*items.sequences[request_of(run)][items.entries[e].1]).collect() })
             .collect();
+        let started = Instant::now();
         let hidden = self.model.last_hidden(queries, &groups);
         let row_labels: Vec<&[u32]> = runs.iter().flat_map(|run| std::iter::repeat_n(&*inputs[request_of(run)].labels, run.len())).collect();
         let labels = LabelTable::new(&row_labels);
@@ -306,7 +309,10 @@ impl<B: ScoringBackend> Scorer<B> {
         // cancels).
         let full_vocab = runs.iter().any(|run| !inputs[request_of(run)].apply_softmax);
         let values = if full_vocab { self.model.label_logprobs(hidden, &labels) } else { self.model.label_logits(hidden, &labels) };
+        let issued = Instant::now();
         let values = to_host(values).await?;
+        self.stats.pass_issue_seconds.observe((issued - started).as_secs_f64());
+        self.stats.pass_wait_seconds.observe(issued.elapsed().as_secs_f64());
         let mut rows = values.chunks_exact(labels.width());
         let mut scored = Vec::with_capacity(pass.len());
         for run in runs {

@@ -40,6 +40,8 @@ impl Histogram {
 }
 
 const SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0];
+/// Seconds, from a small pass's host time to a long request's.
+const SECONDS_BUCKETS: &[f64] = &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0];
 
 #[derive(Debug)]
 pub struct EngineStats {
@@ -67,6 +69,13 @@ pub struct EngineStats {
     pub batch_requests: Histogram,
     /// Items in one forward pass.
     pub pass_items: Histogram,
+    /// Seconds the model thread spent issuing one forward pass (building it, and launching
+    /// what the backend launches before the pass's scores are asked for).
+    pub pass_issue_seconds: Histogram,
+    /// Seconds from asking for one pass's scores to having them on the host: the device's time
+    /// on the pass that issuing did not overlap, any launches left, and the copy back. Against
+    /// [`Self::pass_issue_seconds`] it says whether a batch waits on the host or on the device.
+    pub pass_wait_seconds: Histogram,
 }
 
 impl EngineStats {
@@ -98,6 +107,8 @@ impl Default for EngineStats {
             requests_abandoned: AtomicU64::new(0),
             batch_requests: Histogram::new(SIZE_BUCKETS),
             pass_items: Histogram::new(SIZE_BUCKETS),
+            pass_issue_seconds: Histogram::new(SECONDS_BUCKETS),
+            pass_wait_seconds: Histogram::new(SECONDS_BUCKETS),
         }
     }
 }

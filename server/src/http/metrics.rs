@@ -109,6 +109,10 @@ pub async fn render(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     write_histogram(&mut out, "tally_batch_requests", "", &engine.batch_requests);
     out += "# HELP tally_pass_items Items per forward pass.\n# TYPE tally_pass_items histogram\n";
     write_histogram(&mut out, "tally_pass_items", "", &engine.pass_items);
+    out += "# HELP tally_pass_issue_seconds Model-thread time issuing one forward pass.\n# TYPE tally_pass_issue_seconds histogram\n";
+    write_histogram(&mut out, "tally_pass_issue_seconds", "", &engine.pass_issue_seconds);
+    out += "# HELP tally_pass_wait_seconds Time from asking for one forward pass's scores to having them.\n# TYPE tally_pass_wait_seconds histogram\n";
+    write_histogram(&mut out, "tally_pass_wait_seconds", "", &engine.pass_wait_seconds);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }
 
