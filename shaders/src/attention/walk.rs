@@ -137,9 +137,9 @@ const fn keys_apart(head_dim: usize, width: usize, units: usize) -> usize {
 /// of the prefix K/V, or of the items' keys and values), and how many vectors the sources move
 /// from one of its keys to the next. Vector `i` of the share is key `key + i · keys_apart`, read
 /// `i` moves further and staged `i · keys_apart` staged rows further: one address a step, not
-/// one a vector (in the sm_90a code the vector-by-vector form cost ~30 instructions a cp.async
-/// copy — the unit's index read again, a guard and a branch, both sources' addresses worked out
-/// whole and predicated —, a fifth of a warp's key step).
+/// one a vector (in the sm_90a code the vector-by-vector form cost ~40 instructions a pair of
+/// cp.async copies — the unit's index read again, a guard and a branch, both sources' addresses
+/// worked out whole and predicated —, a quarter of a warp's key step).
 #[derive(CubeType)]
 struct SharePlan {
     key: usize,
