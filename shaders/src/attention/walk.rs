@@ -150,13 +150,28 @@ struct SharePlan {
     value_move: usize,
 }
 
+/// In whole passes, this unit's first key of a step and the dimension it takes of every key:
+/// what [`share_plan`] reads and [`store_share`] stages, one mapping for both.
+#[cube]
+fn unit_origin(#[comptime] head_dim: usize, #[comptime] width: usize) -> (usize, usize) {
+    let per_key = comptime![head_dim / width];
+    let unit = UNIT_POS_X as usize;
+    (unit / per_key, (unit % per_key) * width)
+}
+
+/// Whether vector `i` of a unit's planned share is a key of `step`, and where its key and its
+/// value are read.
+#[cube]
+fn planned_vector(plan: &SharePlan, step: &Step, i: usize, #[comptime] head_dim: usize, #[comptime] width: usize, #[comptime] units: usize) -> (bool, usize, usize) {
+    let present = plan.key + i * comptime![keys_apart(head_dim, width, units)] < step.count;
+    (present, plan.key_source + i * plan.key_move, plan.value_source + i * plan.value_move)
+}
+
 /// The [`SharePlan`] of this unit for `step`, staged from element `staged_at`.
 #[cube]
 fn share_plan(kv: &KvRows, step: &Step, staged_at: usize, #[comptime] head_dim: usize, #[comptime] width: usize, #[comptime] units: usize) -> SharePlan {
-    let per_key = comptime![head_dim / width];
     let apart = comptime![keys_apart(head_dim, width, units)];
-    let unit = UNIT_POS_X as usize;
-    let (key, e) = (unit / per_key, (unit % per_key) * width);
+    let (key, e) = unit_origin(head_dim, width);
     // Both places worked out, once a step: selects, where branches would each need their own
     // copies of the variables.
     let prefix = prefix_element(kv, step, key, e, head_dim) / width;
@@ -246,9 +261,10 @@ fn read_planned<W: Size>(
     for i in 0..comptime![vectors_per_unit(step_keys, head_dim, width, units)] {
         let mut k = Vector::<u32, W>::new(0u32);
         let mut v = Vector::<u32, W>::new(0u32);
-        if plan.key + i * comptime![keys_apart(head_dim, width, units)] < step.count {
-            k = keys[plan.key_source + i * plan.key_move];
-            v = values[plan.value_source + i * plan.value_move];
+        let (present, key_source, value_source) = planned_vector(plan, step, i, head_dim, width, units);
+        if present {
+            k = keys[key_source];
+            v = values[value_source];
         }
         share_keys[i] = k;
         share_values[i] = v;
@@ -315,9 +331,8 @@ pub(super) fn store_share<F: Float, N: Size, W: Size>(
     let width = N::value();
     let count = comptime![vectors_per_unit(step_keys, head_dim, width, units)];
     if comptime![in_whole_passes(step_keys, head_dim, width, units)] {
-        let per_key = comptime![head_dim / width];
-        let unit = UNIT_POS_X as usize;
-        let first = staged_at + (unit / per_key) * comptime![staged_row(head_dim)] + (unit % per_key) * width;
+        let (key, e) = unit_origin(head_dim, width);
+        let first = staged_at + key * comptime![staged_row(head_dim)] + e;
         #[unroll]
         for i in 0..count {
             store_vector::<F, N, W>(share, i, staged_keys, staged_values, first + i * comptime![keys_apart(head_dim, width, units) * staged_row(head_dim)]);
@@ -429,10 +444,10 @@ fn copy_planned<F: Float, W: Size>(
 ) {
     #[unroll]
     for i in 0..comptime![vectors_per_unit(step_keys, head_dim, width, units)] {
-        let present = plan.key + i * comptime![keys_apart(head_dim, width, units)] < step.count;
+        let (present, key_source, value_source) = planned_vector(plan, step, i, head_dim, width, units);
         let length = select(present, 1usize, 0usize);
-        let key_source = select(present, plan.key_source + i * plan.key_move, 0usize);
-        let value_source = select(present, plan.value_source + i * plan.value_move, 0usize);
+        let key_source = select(present, key_source, 0usize);
+        let value_source = select(present, value_source, 0usize);
         let staged = plan.staged + i * comptime![keys_apart(head_dim, width, units) * staged_row(head_dim)];
         unsafe {
             copy_async_checked(&keys.slice(key_source, key_source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
