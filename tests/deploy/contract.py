@@ -8,7 +8,7 @@ documented values set that deploys the endpoint picker, then
   under load (read with `prometheus_client`'s parser, not tally's own code);
 - scraping /metrics at 20 Hz (the picker's 50 ms) during load costs < 1% of throughput: the
   server's CPU time per scrape × 20 Hz, as a fraction of a core, must stay under 1%; the
-  throughput with and without the scraper, alternated, is measured beside it (a gross effect,
+  throughput with and without the scraper, in back-to-back pairs, is measured beside it (a gross effect,
   say lock contention, would show there);
 - SIGTERM during requests: readiness turns 503 at once, every request completes, the process exits
   0 within the chart's grace period less its preStop sleep.
@@ -314,29 +314,46 @@ def run_values_set(tally, model, name, values, report):
 
 
 def measure_scrape_cost(server, failures):
-    """Scraping at 20 Hz against no scraping, alternated; and the server CPU a scrape costs."""
-    rounds, seconds, clients = 3, 5, 4
-    without, with_scraper = [], []
-    for _ in range(rounds):
-        without.append(throughput(server, clients, seconds, scrape=False))
-        with_scraper.append(throughput(server, clients, seconds, scrape=True))
+    """Scraping at 20 Hz against no scraping, in back-to-back pairs; and the server CPU a scrape costs.
+
+    Each pair's two rounds run one after the other, in alternating order (without-with, then
+    with-without), so a drift in the machine's speed over the minute, as on a shared CI runner,
+    falls on both sides, and one order's bias cancels the other's in the geometric mean of the
+    pairs' ratios, the ratio read. (A ratio of three unpaired medians once read 0.897 on a CI
+    runner where the CPU cost below was 0.17% of a core; here pairs read 0.894 to 1.070, the
+    round run second the faster in five of six; eight pairs read 0.835 to 1.354 in another run,
+    whose mean of eight has a standard error of ~6%.)
+    """
+    pairs, seconds, clients = 8, 5, 4
+    without, with_scraper, ratios = [], [], []
+    for pair in range(pairs):
+        order = (False, True) if pair % 2 == 0 else (True, False)
+        measured = {scrape: throughput(server, clients, seconds, scrape) for scrape in order}
+        without.append(measured[False])
+        with_scraper.append(measured[True])
+        ratios.append(measured[True] / measured[False])
     cpu_per_scrape = scrape_cpu_seconds(server)
     cores = os.cpu_count()
     cost = {
         "items_per_s_without": statistics.median(without),
         "items_per_s_with_20hz_scrape": statistics.median(with_scraper),
-        "ratio": statistics.median(with_scraper) / statistics.median(without),
-        "rounds": rounds, "seconds_per_round": seconds, "clients": clients,
+        "ratio": statistics.geometric_mean(ratios),
+        "pair_ratios": ratios,
+        "pairs": pairs, "seconds_per_round": seconds, "clients": clients,
         "server_cpu_us_per_scrape": cpu_per_scrape * 1e6,
         "cpu_fraction_of_one_core_at_20hz": cpu_per_scrape * SCRAPE_HZ,
         "cpu_fraction_of_machine_at_20hz": cpu_per_scrape * SCRAPE_HZ / cores,
     }
     print(f"     20 Hz scrape: {cost['server_cpu_us_per_scrape']:.0f} µs of server CPU a scrape = {100 * cost['cpu_fraction_of_one_core_at_20hz']:.3f}% of one core; "
-          f"throughput {cost['items_per_s_with_20hz_scrape']:.1f} vs {cost['items_per_s_without']:.1f} items/s without ({cost['ratio']:.3f}x)")
+          f"throughput {cost['items_per_s_with_20hz_scrape']:.1f} vs {cost['items_per_s_without']:.1f} items/s without; "
+          f"ratio {cost['ratio']:.3f}x (geometric mean of pairs {', '.join(f'{r:.3f}' for r in ratios)})")
     if cost["cpu_fraction_of_one_core_at_20hz"] >= 0.01:
         failures.append(f"a 20 Hz scrape costs {100 * cost['cpu_fraction_of_one_core_at_20hz']:.2f}% of a core (limit 1%)")
-    # Alternated rounds on a shared 2-core machine vary by a few percent; only a gross loss fails.
-    if cost["ratio"] < 0.9:
+    # The CPU bound above is the measure; this one catches what it cannot (a scrape holding a lock
+    # the model thread needs). Paired rounds on a shared 2-core machine, where the harness's own
+    # scraper and clients take CPU from the server, vary by up to a third a pair: only a gross
+    # loss, over three standard errors below 1, fails.
+    if cost["ratio"] < 0.8:
         failures.append(f"throughput with a 20 Hz scraper is {cost['ratio']:.3f}x without")
     return cost
 
