@@ -30,7 +30,7 @@
 //! ([`super::register_tile::RegisterFragments`]), where the loop is tested.
 
 use burn_cubecl::cubecl;
-use burn_cubecl::cubecl::prelude::barrier::Barrier;
+use burn_cubecl::cubecl::prelude::barrier::{copy_async_checked, Barrier};
 use burn_cubecl::cubecl::prelude::*;
 
 use super::tiled::{QueryPairs, LANES, NO_ROW, ROWS_PER_PLANE};
@@ -164,7 +164,12 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     // With two blocks a plane, the cube's query rows in shared memory (zeros for rows without
     // a token), read by the planes' fragments every step.
     let mut staged_query = SharedMemory::<F>::new_aligned(comptime![staged_query_len(rows, head_dim, blocks)], 16usize);
-    if comptime![blocks > 1] {
+    let width = N::value();
+    if comptime![blocks > 1 && copy_async && query_in_whole_copies(rows, head_dim, width, units)] {
+        // Copied by `cp.async` and committed with the first step's keys and values: the first
+        // step's wait covers them, and no unit waits here.
+        copy_query::<F>(queries, &row_offsets, &mut staged_query, rows, head_dim, width, units);
+    } else if comptime![blocks > 1] {
         // Unrolled and branch-free, so a unit's reads issue together: as a loop with a branch
         // per element the sm_90a code waited for global memory 16 times a cube (8 reads a
         // round), ~2,500 instructions a warp, about two key steps' worth.
@@ -279,6 +284,40 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
                     output[offset as usize + dim] = F::cast_from(accumulated[block * output_elements + dims * BLOCK_ELEMENTS + 2 * half + column] / sum);
                 }
             }
+        }
+    }
+}
+
+/// Whether a cube's units copy its `rows` query rows in whole passes of `width`-element vectors,
+/// each unit the same vector of several rows (what [`copy_query`] takes).
+pub(super) const fn query_in_whole_copies(rows: usize, head_dim: usize, width: usize, units: usize) -> bool {
+    let vectors_a_row = head_dim / width;
+    head_dim.is_multiple_of(width) && units.is_multiple_of(vectors_a_row) && (rows * vectors_a_row).is_multiple_of(units)
+}
+
+/// The cube's query rows staged by `cp.async` (CUDA), `width` elements (16 bytes in bf16/f16) a
+/// copy: each unit copies vector `unit % (head_dim / width)` of every `units / (head_dim /
+/// width)`-th row from row `unit / (head_dim / width)`, so neighbouring units read neighbouring
+/// bytes. A row without a token copies no bytes, which fills its vectors with zeros. The copies
+/// are this unit's until it commits them to a barrier; no register holds the data. As element
+/// reads the prologue was 1,537 instructions a warp (sm_90a, 32 rows a warp at head_dim 128),
+/// the cube's longest stretch outside its key steps. The launch holds every query row to
+/// 16-byte alignment ([`super::staging_width`]).
+#[cube]
+fn copy_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, staged_query: &mut SharedMemory<F>, #[comptime] rows: usize, #[comptime] head_dim: usize, #[comptime] width: usize, #[comptime] units: usize) {
+    let vectors_a_row = comptime![head_dim / width];
+    let unit = UNIT_POS_X as usize;
+    let (first_row, dim) = (unit / vectors_a_row, (unit % vectors_a_row) * width);
+    #[unroll]
+    for i in 0..comptime![rows * vectors_a_row / units] {
+        let row = first_row + i * comptime![units / vectors_a_row];
+        let offset = row_offsets[row];
+        let present = offset != NO_ROW;
+        let source = select(present, offset as usize + dim, 0usize);
+        let length = select(present, width, 0usize);
+        let staged = row * comptime![staged_row(head_dim)] + dim;
+        unsafe {
+            copy_async_checked(&queries.slice(source, source + length), &mut staged_query.slice_mut(staged, staged + width), comptime![width as u32]);
         }
     }
 }

@@ -154,21 +154,22 @@ fn b_from_shared<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged: &Sh
 
 /// How the tensor-core tiles read their key and value `B` fragments from the staged tiles
 /// (`[keys, head_dim]`, rows [`staged_row`] apart). Each call gives two fragments, registers
-/// `0..2` and `2..4`; `first` is the element where the first fragment's first key row starts,
-/// at its first dimension.
+/// `0..2` and `2..4`; the first fragment's first key row starts, at its first dimension, at
+/// element `base + at`: `base` known only as the kernel runs (the buffer of a step, a plane's
+/// rows), the same for many calls, `at` known when it compiles.
 #[cube]
 pub(super) trait FragmentLoad: 'static + Send + Sync {
     /// Keysᵀ at dimensions `first..first + 16` of their rows (the `k`), for the 8 keys from
-    /// `first`'s and for the 8 after them (the `n` of each).
-    fn keys<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_keys: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>>;
+    /// `first`'s and for the 8 after them (the `n` of each); `first = base + at`.
+    fn keys<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_keys: &SharedMemory<F>, base: usize, #[comptime] at: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>>;
 
     /// Values of the 16 keys from `first`'s (the `k`), at 8 dimensions from `first`'s and at the
-    /// 8 after them (the `n` of each).
-    fn values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_values: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>>;
+    /// 8 after them (the `n` of each); `first = base + at`.
+    fn values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_values: &SharedMemory<F>, base: usize, #[comptime] at: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>>;
 
     /// The `A` fragment of 16 staged query rows from `first`'s (the `m`), at dimensions
-    /// `first..first + 16` of each (the `k`): one fragment, four registers.
-    fn query<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_query: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>>;
+    /// `first..first + 16` of each (the `k`): one fragment, four registers; `first = base + at`.
+    fn query<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_query: &SharedMemory<F>, base: usize, #[comptime] at: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>>;
 }
 
 /// One `ldmatrix.x4` per two fragments. Lanes `8i .. 8i + 7` give the row addresses of matrix
@@ -181,22 +182,22 @@ pub(super) struct Ldmatrix;
 
 #[cube]
 impl FragmentLoad for Ldmatrix {
-    fn keys<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_keys: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
+    fn keys<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_keys: &SharedMemory<F>, base: usize, #[comptime] at: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
         // Matrices: (keys 0..8, dims 0..8), (keys 0..8, dims 8..16), then the next 8 keys.
         let matrix = lane as usize / 8;
-        let start = first + ((matrix / 2) * 8 + lane as usize % 8) * comptime![staged_row(head_dim)] + (matrix % 2) * 8;
-        def.load_matrix::<F, Pair>(&staged_keys.slice(start, start + 8), MatrixIdent::B, 4usize, false)
+        let lane_base = shared_index(base + ((matrix / 2) * 8 + lane as usize % 8) * comptime![staged_row(head_dim)] + (matrix % 2) * 8);
+        def.load_matrix::<F, Pair>(&staged_keys.slice(lane_base + at, lane_base + at + 8), MatrixIdent::B, 4usize, false)
     }
 
-    fn values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_values: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
+    fn values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_values: &SharedMemory<F>, base: usize, #[comptime] at: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
         // Matrices: (keys 0..8, dims 0..8), (keys 8..16, dims 0..8), then the next 8 dims.
-        rows_then_columns_x4::<F>(def, lane, staged_values, first, MatrixIdent::B, true, head_dim)
+        rows_then_columns_x4::<F>(def, lane, staged_values, base, at, MatrixIdent::B, true, head_dim)
     }
 
-    fn query<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_query: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
+    fn query<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_query: &SharedMemory<F>, base: usize, #[comptime] at: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
         // Matrices: (rows 0..8, dims 0..8), (rows 8..16, dims 0..8), then the next 8 dims: PTX's
         // `A` registers a0..a3, row g and pair 2t of each.
-        rows_then_columns_x4::<F>(def, lane, staged_query, first, MatrixIdent::A, false, head_dim)
+        rows_then_columns_x4::<F>(def, lane, staged_query, base, at, MatrixIdent::A, false, head_dim)
     }
 }
 
@@ -205,10 +206,26 @@ impl FragmentLoad for Ldmatrix {
 /// 8..16), (rows 8..16, elements 8..16) — the values' two `B` fragments (`.trans`), the query's
 /// `A` fragment.
 #[cube]
-fn rows_then_columns_x4<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged: &SharedMemory<F>, first: usize, #[comptime] ident: MatrixIdent, #[comptime] transpose: bool, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
+#[allow(clippy::too_many_arguments)]
+fn rows_then_columns_x4<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged: &SharedMemory<F>, base: usize, #[comptime] at: usize, #[comptime] ident: MatrixIdent, #[comptime] transpose: bool, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
     let matrix = lane as usize / 8;
-    let start = first + ((matrix % 2) * 8 + lane as usize % 8) * comptime![staged_row(head_dim)] + (matrix / 2) * 8;
-    def.load_matrix::<F, Pair>(&staged.slice(start, start + 8), ident, 4usize, transpose)
+    let lane_base = shared_index(base + ((matrix % 2) * 8 + lane as usize % 8) * comptime![staged_row(head_dim)] + (matrix / 2) * 8);
+    def.load_matrix::<F, Pair>(&staged.slice(lane_base + at, lane_base + at + 8), ident, 4usize, transpose)
+}
+
+/// Every element index into a kernel's shared memory is below this (2¹⁷ elements: 256 KiB of
+/// 16-bit ones, past any GPU's shared memory a cube).
+const SHARED_INDICES: usize = 1 << 17;
+
+/// `index`, which is below [`SHARED_INDICES`], said so: with this bound NVRTC (LLVM) knows that
+/// adding a compile-time offset to it cannot wrap 32 bits, so it moves the offset out of the
+/// 64-bit address (`shared + zext(index + at)` becomes `shared + zext(index) + at`). A step's
+/// `ldmatrix` addresses then share one register and differ by immediates, which ptxas folds
+/// into the instruction; without it each of the 80 a step took an `IADD3` of its own (sm_90a
+/// SASS of the default flash kernel).
+#[cube]
+fn shared_index(index: usize) -> usize {
+    index & comptime![SHARED_INDICES - 1]
 }
 
 /// One shared-memory read per element, where CubeCL's `position_of_nth` puts it.
@@ -216,24 +233,24 @@ pub(super) struct ElementLoads;
 
 #[cube]
 impl FragmentLoad for ElementLoads {
-    fn keys<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_keys: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
+    fn keys<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_keys: &SharedMemory<F>, base: usize, #[comptime] at: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
         // B is keysᵀ: element (dimension, key).
-        let row = comptime![staged_row(head_dim)];
+        let (first, row) = (base + at, comptime![staged_row(head_dim)]);
         let low = b_from_shared::<F>(def, lane, staged_keys, first, 1usize, row);
         let high = b_from_shared::<F>(def, lane, staged_keys, first + 8 * row, 1usize, row);
         join::<F>(&low, &high, B_REGISTERS)
     }
 
-    fn values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_values: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
+    fn values<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_values: &SharedMemory<F>, base: usize, #[comptime] at: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
         // B is the values: element (key, dimension).
-        let row = comptime![staged_row(head_dim)];
+        let (first, row) = (base + at, comptime![staged_row(head_dim)]);
         let low = b_from_shared::<F>(def, lane, staged_values, first, row, 1usize);
         let high = b_from_shared::<F>(def, lane, staged_values, first + 8, row, 1usize);
         join::<F>(&low, &high, B_REGISTERS)
     }
 
-    fn query<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_query: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
-        a_from_shared::<F, F>(def, lane, staged_query, first, comptime![staged_row(head_dim)])
+    fn query<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, staged_query: &SharedMemory<F>, base: usize, #[comptime] at: usize, #[comptime] head_dim: usize) -> Array<Vector<F, Pair>> {
+        a_from_shared::<F, F>(def, lane, staged_query, base + at, comptime![staged_row(head_dim)])
     }
 }
 
@@ -281,16 +298,16 @@ fn query_fragments<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32
 /// `output += a · values` for every block of 8 dimensions of `output` (accumulator fragments in
 /// f32, `head_dim / 8` of them per block of 16 rows, `blocks` blocks one after the other), `a`
 /// each row block's `A` fragment of weights (one after the other) for the 16 staged values whose
-/// rows start at element `first`. Each value fragment read serves every row block.
+/// rows start at element `base + at`. Each value fragment read serves every row block.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn add_times_values<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, lane: u32, output: &mut Array<f32>, a: &Array<Vector<F, Pair>>, values: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize, #[comptime] blocks: usize) {
+fn add_times_values<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, lane: u32, output: &mut Array<f32>, a: &Array<Vector<F, Pair>>, values: &SharedMemory<F>, base: usize, #[comptime] at: usize, #[comptime] head_dim: usize, #[comptime] blocks: usize) {
     let per_block = def.elems_per_lane(MatrixIdent::Accumulator);
     let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
     let a_vectors = def.vectors_per_lane(MatrixIdent::A);
     #[unroll]
     for dims in 0..comptime![head_dim / 16] {
-        let b = L::values::<F>(def, lane, values, first + dims * 16, head_dim);
+        let b = L::values::<F>(def, lane, values, base, comptime![at + dims * 16], head_dim);
         #[unroll]
         for block in 0..blocks {
             let weights = fragment_at::<F>(a, block * a_vectors, a_vectors);
@@ -306,17 +323,17 @@ fn add_times_values<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, la
 }
 
 /// `products += a · keysᵀ` for one `k`-step of 16 dimensions against every staged key: `a` each
-/// row block's query `A` fragment (one after the other), the keys from element `first` (this
+/// row block's query `A` fragment (one after the other), the keys from element `base + at` (this
 /// step's dimensions of the first key), `products` the accumulator fragments in the scores'
 /// order (row block, then block of 8 keys). Each key fragment read serves every row block.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn add_query_times_keys<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, lane: u32, products: &mut Array<Vector<f32, Pair>>, a: &Array<Vector<F, Pair>>, staged_keys: &SharedMemory<F>, first: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] blocks: usize) {
+fn add_query_times_keys<F: Float, L: FragmentLoad>(def: MmaDefinition<F, F, f32>, lane: u32, products: &mut Array<Vector<f32, Pair>>, a: &Array<Vector<F, Pair>>, staged_keys: &SharedMemory<F>, base: usize, #[comptime] at: usize, #[comptime] head_dim: usize, #[comptime] keys: usize, #[comptime] blocks: usize) {
     let c_vectors = def.vectors_per_lane(MatrixIdent::Accumulator);
     let a_vectors = def.vectors_per_lane(MatrixIdent::A);
     #[unroll]
     for pair in 0..comptime![keys / 16] {
-        let b = L::keys::<F>(def, lane, staged_keys, first + pair * comptime![16 * staged_row(head_dim)], head_dim);
+        let b = L::keys::<F>(def, lane, staged_keys, base, comptime![at + pair * 16 * staged_row(head_dim)], head_dim);
         #[unroll]
         for block in 0..blocks {
             #[unroll]
@@ -357,7 +374,7 @@ impl<L: FragmentLoad> TileMath for MmaTile<L> {
         let mut products = zeros::<F>(def, comptime![keys / 8]);
         #[unroll]
         for step in 0..comptime![head_dim / 16] {
-            add_query_times_keys::<F, L>(def, lane, &mut products, &fragment_at::<F>(query, step * a_vectors, a_vectors), staged_keys, step * 16, head_dim, keys, 1usize);
+            add_query_times_keys::<F, L>(def, lane, &mut products, &fragment_at::<F>(query, step * a_vectors, a_vectors), staged_keys, 0usize, comptime![step * 16], head_dim, keys, 1usize);
         }
         #[unroll]
         for block in 0..comptime![keys / 8] {
@@ -391,7 +408,7 @@ impl<L: FragmentLoad> TileMath for MmaTile<L> {
         for step in 0..comptime![keys / KEY_BLOCK] {
             // A is the weights: element (row, key), loaded once for every block of dimensions.
             let a = a_from_shared::<F, f32>(def, lane, weights, plane_row * keys + step * KEY_BLOCK, keys);
-            add_times_values::<F, L>(def, lane, output, &a, values, step * comptime![KEY_BLOCK * staged_row(head_dim)], head_dim, 1usize);
+            add_times_values::<F, L>(def, lane, output, &a, values, 0usize, comptime![step * KEY_BLOCK * staged_row(head_dim)], head_dim, 1usize);
         }
     }
 
@@ -452,11 +469,11 @@ impl<L: FragmentLoad> FragmentMath for MmaFragments<L> {
                 let fragment = if comptime![blocks == 1] {
                     fragment_at::<F>(query, step * a_vectors, a_vectors)
                 } else {
-                    L::query::<F>(def, lane, staged_query, (plane_row + block * ROWS_PER_PLANE) * comptime![staged_row(head_dim)] + step * 16, head_dim)
+                    L::query::<F>(def, lane, staged_query, plane_row * comptime![staged_row(head_dim)], comptime![(block * ROWS_PER_PLANE) * staged_row(head_dim) + step * 16], head_dim)
                 };
                 put_fragment::<F>(&mut a, block * a_vectors, &fragment, a_vectors);
             }
-            add_query_times_keys::<F, L>(def, lane, &mut products, &a, staged_keys, staged_at + step * 16, head_dim, keys, blocks);
+            add_query_times_keys::<F, L>(def, lane, &mut products, &a, staged_keys, staged_at, comptime![step * 16], head_dim, keys, blocks);
         }
         let mut scores = Array::<f32>::new(comptime![fragments * BLOCK_ELEMENTS]);
         store_pairs(&products, &mut scores, 0usize, comptime![fragments * c_vectors]);
@@ -478,7 +495,7 @@ impl<L: FragmentLoad> FragmentMath for MmaFragments<L> {
                 let fragment = pairs_of::<F>(weights, block * comptime![keys / 8 * BLOCK_ELEMENTS] + step * per_step, a_vectors);
                 put_fragment::<F>(&mut a, block * a_vectors, &fragment, a_vectors);
             }
-            add_times_values::<F, L>(def, lane, output, &a, staged_values, staged_at + step * comptime![KEY_BLOCK * staged_row(head_dim)], head_dim, blocks);
+            add_times_values::<F, L>(def, lane, output, &a, staged_values, staged_at, comptime![step * KEY_BLOCK * staged_row(head_dim)], head_dim, blocks);
         }
     }
 
@@ -521,9 +538,9 @@ fn fragment_load_probe<F: Float, L: FragmentLoad>(tile: &Tensor<F>, out: &mut Te
         staged[(element / PROBE_DIM) * comptime![staged_row(PROBE_DIM)] + element % PROBE_DIM] = tile[element];
     }
     sync_cube();
-    let keys = L::keys::<F>(def, lane, &staged, 0usize, PROBE_DIM);
-    let values = L::values::<F>(def, lane, &staged, 0usize, PROBE_DIM);
-    let query = L::query::<F>(def, lane, &staged, 0usize, PROBE_DIM);
+    let keys = L::keys::<F>(def, lane, &staged, 0usize, 0usize, PROBE_DIM);
+    let values = L::values::<F>(def, lane, &staged, 0usize, 0usize, PROBE_DIM);
+    let query = L::query::<F>(def, lane, &staged, 0usize, 0usize, PROBE_DIM);
     let first = lane as usize * PROBE_PER_LANE;
     #[unroll]
     for i in 0..comptime![2 * B_REGISTERS] {

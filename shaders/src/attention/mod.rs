@@ -272,9 +272,10 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         // copied out first (1.8 ms of an S1 request on the H200, 2026-11-27).
         let (keys, values) = (token_rows(self.keys), token_rows(self.values));
         let (prefix_keys, prefix_values) = (into_contiguous(self.prefix_keys), into_contiguous(self.prefix_values));
-        // The tile kernels stage K/V a vector at a time, read as 32-bit words.
+        // The tile kernels stage K/V a vector at a time, read as 32-bit words; the flash kernel
+        // with cp.async copies the query rows in vectors of the same width.
         let strides = [keys.meta.strides()[0], values.meta.strides()[0]];
-        let staging = staging_width(&client, head_dim, dtype, &strides, [&keys, &values, &prefix_keys, &prefix_values]);
+        let staging = staging_width(&client, head_dim, dtype, &strides, [&queries, &keys, &values, &prefix_keys, &prefix_values]);
         let tiled = staging.and_then(|_| tiles.tile_kernel(&client, head_dim, dtype));
         let (width, words) = staging.map_or((1, 1), |width| (width, width * dtype.size() / 4));
         let grid = cubes(tiles.tile_count, kv_heads);
@@ -291,7 +292,8 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
                 // buffer by the kernel's own guards: a cube past the last tile stops, rows
                 // without a token (`NO_ROW`, `active`) neither read a query nor write, K/V reads
                 // stop at the step's key count (`walk_step`: within the prefix length or the
-                // tile's own tokens, both held to the tensors by the asserts above),
+                // tile's own tokens, both held to the tensors by the asserts above), query rows
+                // are copied whole at a width `staging_width` holds them aligned to,
                 // and staged indices stay below the shared tiles' comptime sizes. The kernel
                 // tests check every route at the edges of each tile size with NaN-poisoned
                 // outputs.
@@ -341,16 +343,17 @@ fn token_rows<R: CubeRuntime>(tensor: CubeTensor<R>) -> CubeTensor<R> {
     if rows_within { tensor } else { into_contiguous(tensor) }
 }
 
-/// Elements per vector the tile kernels stage K/V with: the widest the device loads fastest
-/// (16 bytes on CUDA, 4 elements in WGSL) that divides `head_dim` and the items' K/V token
-/// `strides` and every K/V tensor's offset in its buffer, in whole 32-bit words (the kernels
-/// read K/V as words). `None` where no width is whole words (16-bit K/V at an odd offset or
-/// stride): the row kernel takes those.
-fn staging_width<R: CubeRuntime>(client: &ComputeClient<R>, head_dim: usize, dtype: DType, strides: &[usize], kv: [&CubeTensor<R>; 4]) -> Option<usize> {
+/// Elements per vector the tile kernels stage K/V with (and the flash kernel's `cp.async` the
+/// query rows): the widest the device loads fastest (16 bytes on CUDA, 4 elements in WGSL)
+/// that divides `head_dim` and the items' K/V token `strides` and every tensor's offset in its
+/// buffer (the queries' and the K/V's; a query row starts a whole number of heads in), in whole
+/// 32-bit words (the kernels read K/V as words). `None` where no width is whole words (16-bit
+/// K/V at an odd offset or stride): the row kernel takes those.
+fn staging_width<R: CubeRuntime>(client: &ComputeClient<R>, head_dim: usize, dtype: DType, strides: &[usize], tensors: [&CubeTensor<R>; 5]) -> Option<usize> {
     // The widest vector dividing a head, the strides, and aligned; a narrower one would be
     // fewer bytes still.
     let runs: Vec<usize> = std::iter::once(head_dim).chain(strides.iter().copied()).collect();
-    let width = vector_width(client, dtype.size(), &runs, &kv);
+    let width = vector_width(client, dtype.size(), &runs, &tensors);
     (width * dtype.size()).is_multiple_of(4).then_some(width)
 }
 
