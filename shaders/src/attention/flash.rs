@@ -299,10 +299,10 @@ pub(super) const fn query_in_whole_copies(rows: usize, head_dim: usize, width: u
 /// copy: each unit copies vector `unit % (head_dim / width)` of every `units / (head_dim /
 /// width)`-th row from row `unit / (head_dim / width)`, so neighbouring units read neighbouring
 /// bytes. A row without a token copies no bytes, which fills its vectors with zeros. The copies
-/// are this unit's until it commits them to a barrier; no register holds the data. As element
-/// reads the prologue was 1,537 instructions a warp (sm_90a, 32 rows a warp at head_dim 128),
-/// the cube's longest stretch outside its key steps. The launch holds every query row to
-/// 16-byte alignment ([`super::staging_width`]).
+/// are this unit's until it commits them to a barrier; no register holds the data. With the
+/// query read as elements the prologue was ~1,530 instructions a warp (sm_90a, 32 rows a warp at
+/// head_dim 128), with these copies 669. The launch holds every query row to the copies' width
+/// ([`super::staging_width`]).
 #[cube]
 fn copy_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, staged_query: &mut SharedMemory<F>, #[comptime] rows: usize, #[comptime] head_dim: usize, #[comptime] width: usize, #[comptime] units: usize) {
     let vectors_a_row = comptime![head_dim / width];
