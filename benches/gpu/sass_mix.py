@@ -6,7 +6,8 @@ generated in DIR (`<i>.cu`, `<i>.ptx`, `<i>.cubin`, and `index.tsv`: index, kern
 generated it). This script disassembles the cubins whose generator line holds `--match`
 (with `nvdisasm`, from PyPI's `nvidia-cuda-nvdisasm`) and, for each loop (a backward branch),
 prints how many instructions its body holds by opcode, and the shortest and longest paths
-through one iteration (the body's blocks as a graph), with the shortest path's own mix: for the flash kernel the key step, where
+through one iteration (the body's blocks as a graph), with the shortest path's own mix, and how
+many instructions lie before the first loop and after the last: for the flash kernel the key step, where
 the shortest path is a full prefix step with no reads left to issue and the longest an item step
 with masks. Per warp, per iteration: a static count, not a measurement — what it shows is where
 instructions go beside the tensor-core ones (`HMMA`), and that is what changed when it falls.
@@ -124,9 +125,16 @@ def loops(instructions, labels):
 def report(name, sass):
     instructions, labels = parse(sass)
     print(f"## {name}: {len(instructions)} instructions, {sum(opcode(t) == 'HMMA' for _, t in instructions)} HMMA")
-    for body in loops(instructions, labels):
-        if len(body) < 8:
-            continue
+    # (The `BRA` to itself after the last `EXIT` is a loop of one: not counted.)
+    bodies = [body for body in loops(instructions, labels) if len(body) >= 8]
+    if bodies:
+        # Run once a cube: for the flash kernel the query staged and the first copies issued
+        # before the key loop, the output stored after it.
+        first, last = min(body[0][0] for body in bodies), max(body[-1][0] for body in bodies)
+        before = sum(address < first for address, _ in instructions)
+        after = sum(address > last for address, _ in instructions)
+        print(f"outside the loops: {before} instructions before the first, {after} after the last")
+    for body in bodies:
         mix = collections.Counter(opcode(text) for _, text in body)
         shortest, longest, path = paths(body, labels)
         print(f"loop {body[0][0]:#x}..{body[-1][0]:#x}: {len(body)} instructions in its body; one iteration runs {shortest}–{longest}")
