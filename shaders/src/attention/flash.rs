@@ -316,9 +316,7 @@ fn copy_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, st
         let source = select(present, offset as usize + dim, 0usize);
         let length = select(present, width, 0usize);
         let staged = row * comptime![staged_row(head_dim)] + dim;
-        unsafe {
-            copy_async_checked(&queries.slice(source, source + length), &mut staged_query.slice_mut(staged, staged + width), comptime![width as u32]);
-        }
+        copy_async_checked(&queries.slice(source, source + length), &mut staged_query.slice_mut(staged, staged + width), comptime![width as u32]);
     }
 }
 
