@@ -34,7 +34,7 @@ use burn_cubecl::cubecl::prelude::barrier::{copy_async_checked, Barrier};
 use burn_cubecl::cubecl::prelude::*;
 
 use super::tiled::{QueryPairs, LANES, NO_ROW, ROWS_PER_PLANE};
-use super::walk::{copy_share, kv_rows, load_share, read_tile, staged_row, store_share, tile_row, visible_keys, walk_step, Step, Tile};
+use super::walk::{copy_share, in_whole_passes, keys_apart, kv_rows, load_share, read_tile, staged_row, store_share, tile_row, unit_origin, visible_keys, walk_step, Step, Tile};
 use super::NO_SCORE;
 use crate::grid::cube_index;
 
@@ -165,7 +165,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     // a token), read by the planes' fragments every step.
     let mut staged_query = SharedMemory::<F>::new_aligned(comptime![staged_query_len(rows, head_dim, blocks)], 16usize);
     let width = N::value();
-    if comptime![blocks > 1 && copy_async && query_in_whole_copies(rows, head_dim, width, units)] {
+    if comptime![blocks > 1 && copy_async && in_whole_passes(rows, head_dim, width, units)] {
         // Copied by `cp.async` and committed with the first step's keys and values: the first
         // step's wait covers them, and no unit waits here.
         copy_query::<F>(queries, &row_offsets, &mut staged_query, rows, head_dim, width, units);
@@ -288,29 +288,20 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     }
 }
 
-/// Whether a cube's units copy its `rows` query rows in whole passes of `width`-element vectors,
-/// each unit the same vector of several rows (what [`copy_query`] takes).
-pub(super) const fn query_in_whole_copies(rows: usize, head_dim: usize, width: usize, units: usize) -> bool {
-    let vectors_a_row = head_dim / width;
-    head_dim.is_multiple_of(width) && units.is_multiple_of(vectors_a_row) && (rows * vectors_a_row).is_multiple_of(units)
-}
-
 /// The cube's query rows staged by `cp.async` (CUDA), `width` elements (16 bytes in bf16/f16) a
-/// copy: each unit copies vector `unit % (head_dim / width)` of every `units / (head_dim /
-/// width)`-th row from row `unit / (head_dim / width)`, so neighbouring units read neighbouring
-/// bytes. A row without a token copies no bytes, which fills its vectors with zeros. The copies
+/// copy, as a K/V step's keys are in whole passes ([`in_whole_passes`]: the rows taken as keys):
+/// each unit the same vector ([`unit_origin`]) of every [`keys_apart`]-th row, so neighbouring
+/// units read neighbouring bytes. A row without a token copies no bytes, which fills its vectors with zeros. The copies
 /// are this unit's until it commits them to a barrier; no register holds the data. With the
 /// query read as elements the prologue was ~1,530 instructions a warp (sm_90a, 32 rows a warp at
 /// head_dim 128), with these copies 669. The launch holds every query row to the copies' width
 /// ([`super::staging_width`]).
 #[cube]
 fn copy_query<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory<u32>, staged_query: &mut SharedMemory<F>, #[comptime] rows: usize, #[comptime] head_dim: usize, #[comptime] width: usize, #[comptime] units: usize) {
-    let vectors_a_row = comptime![head_dim / width];
-    let unit = UNIT_POS_X as usize;
-    let (first_row, dim) = (unit / vectors_a_row, (unit % vectors_a_row) * width);
+    let (first_row, dim) = unit_origin(head_dim, width);
     #[unroll]
-    for i in 0..comptime![rows * vectors_a_row / units] {
-        let row = first_row + i * comptime![units / vectors_a_row];
+    for i in 0..comptime![rows * (head_dim / width) / units] {
+        let row = first_row + i * comptime![keys_apart(head_dim, width, units)];
         let offset = row_offsets[row];
         let present = offset != NO_ROW;
         let source = select(present, offset as usize + dim, 0usize);

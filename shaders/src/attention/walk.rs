@@ -122,13 +122,13 @@ const fn vectors_per_unit(step_keys: usize, head_dim: usize, width: usize, units
 /// each) in whole passes of the cube, each unit at the same dimensions of every key it takes:
 /// its keys are then `units / (head_dim / width)` apart, and no unit runs past the step. Then a
 /// unit's share is one [`SharePlan`] a step; otherwise each vector is found from its index.
-const fn in_whole_passes(step_keys: usize, head_dim: usize, width: usize, units: usize) -> bool {
+pub(super) const fn in_whole_passes(step_keys: usize, head_dim: usize, width: usize, units: usize) -> bool {
     let per_key = head_dim / width;
     units.is_multiple_of(per_key) && (step_keys * per_key).is_multiple_of(units)
 }
 
 /// Keys from one of a unit's keys of a step to its next, in whole passes.
-const fn keys_apart(head_dim: usize, width: usize, units: usize) -> usize {
+pub(super) const fn keys_apart(head_dim: usize, width: usize, units: usize) -> usize {
     units / (head_dim / width)
 }
 
@@ -153,7 +153,7 @@ struct SharePlan {
 /// In whole passes, this unit's first key of a step and the dimension it takes of every key:
 /// what [`share_plan`] reads and [`store_share`] stages, one mapping for both.
 #[cube]
-fn unit_origin(#[comptime] head_dim: usize, #[comptime] width: usize) -> (usize, usize) {
+pub(super) fn unit_origin(#[comptime] head_dim: usize, #[comptime] width: usize) -> (usize, usize) {
     let per_key = comptime![head_dim / width];
     let unit = UNIT_POS_X as usize;
     (unit / per_key, (unit % per_key) * width)
