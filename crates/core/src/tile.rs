@@ -169,8 +169,8 @@ impl TileShape {
     /// `element_bytes`-byte K/V: the staged keys and values of each stage (rows padded by 8
     /// elements against bank conflicts), the score tile (the tiled kernel; the flash kernel's
     /// register fragments exchange their weights through one), and ten words a row (the tiled
-    /// kernel's row state; the flash kernel's row offsets and quad exchanges); with 32 rows a
-    /// warp, the flash kernel's staged query too.
+    /// kernel's row state; the flash kernel's row offsets, tokens, item starts and quad
+    /// exchanges); with 32 rows a warp, the flash kernel's staged query too.
     pub fn shared_memory_bytes(self, head_dim: usize, element_bytes: usize) -> usize {
         let staged_query = if self.warp_rows > 16 { self.rows * (head_dim + 8) * element_bytes } else { 0 };
         2 * self.stages * self.keys * (head_dim + 8) * element_bytes + self.rows * self.keys * 4 + self.rows * 10 * 4 + staged_query

@@ -15,7 +15,7 @@
 //!    keys into accumulator fragments ([`FragmentMath::scores`]);
 //! 3. each unit masks its own elements, takes its rows' maxima across the four units that hold a
 //!    row ([`FragmentMath::quad_max`]), moves its running maxima and partial sums and turns its
-//!    scores into weights in place;
+//!    scores into weights in place, all its rows phase by phase ([`online_softmax`]);
 //! 4. each plane rescales its output rows and adds weights × values, the weights' accumulator
 //!    fragments serving as the multiply's left operand as they lie
 //!    ([`FragmentMath::accumulate`]).
@@ -132,7 +132,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     prefix_values: &Tensor<Vector<u32, W>>,
     tiles: &Tensor<u32>,
     item_starts: &Tensor<u32>,
-    output: &mut Tensor<F>,
+    output: &mut Tensor<Vector<F, Const<2>>>,
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] group: usize,
@@ -154,12 +154,20 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     let unit = UNIT_POS_X as usize;
     let units = comptime![flash_units(rows, blocks)];
 
-    // Where the cube's rows read and write, for the query and output fragments.
+    // Where the cube's rows read and write, for the query and output fragments; and which
+    // token each row is and where its item starts, read on masked steps only (held in
+    // registers across the loop, they took 8 of a unit's 255 at 32 rows a warp).
     let mut row_offsets = SharedMemory::<u32>::new(rows);
+    let mut row_tokens = SharedMemory::<u32>::new(rows);
+    let mut row_item_starts = SharedMemory::<u32>::new(rows);
     if unit < rows {
-        row_offsets[unit] = tile_row(&tile, item_starts, unit, kv_head, q_heads, group, head_dim).offset;
+        let row = tile_row(&tile, item_starts, unit, kv_head, q_heads, group, head_dim);
+        row_offsets[unit] = row.offset;
+        row_tokens[unit] = row.token;
+        row_item_starts[unit] = row.item_start;
     }
     sync_cube();
+    let cube_rows = CubeRows { tokens: row_tokens, item_starts: row_item_starts };
 
     // With two blocks a plane, the cube's query rows in shared memory (zeros for rows without
     // a token), read by the planes' fragments every step.
@@ -197,12 +205,9 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     // (the quad adds them up once, at the end).
     let (plane_row, lane) = flash_plane_and_lane(blocks);
     let unit_rows = comptime![blocks * HALVES];
-    let mut rows_state = RowsState { tokens: Array::<u32>::new(unit_rows), item_begins: Array::<u32>::new(unit_rows), maxima: Array::<f32>::new(unit_rows), sums: Array::<f32>::new(unit_rows) };
+    let mut rows_state = RowsState { maxima: Array::<f32>::new(unit_rows), sums: Array::<f32>::new(unit_rows) };
     #[unroll]
     for r in 0..unit_rows {
-        let row = tile_row(&tile, item_starts, plane_row + (r / HALVES) * ROWS_PER_PLANE + fragment_row(lane, 2 * (r % HALVES)), kv_head, q_heads, group, head_dim);
-        rows_state.tokens[r] = row.token;
-        rows_state.item_begins[r] = row.item_start;
         rows_state.maxima[r] = f32::new(NO_SCORE);
         rows_state.sums[r] = f32::new(0.0);
     }
@@ -230,7 +235,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
             let share = load_share::<N, W>(&kv, &step, keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
             store_share::<F, N, W>(&share, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
             sync_cube();
-            flash_step::<F, T>(&tile, &step, &query, &staged_query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, 0usize, scale, head_dim, step_keys, rows, blocks);
+            flash_step::<F, T>(&tile, &step, &query, &staged_query, &cube_rows, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, 0usize, scale, head_dim, step_keys, rows, blocks);
             sync_cube();
         }
     } else if comptime![copy_async] {
@@ -250,7 +255,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
                 copy_share::<F, N, W>(&kv, &next, keys, values, prefix_keys, prefix_values, &mut staged_keys, &mut staged_values, ((s + 1) % 2) * buffer, step_keys, head_dim, units);
                 barrier.commit_copy_async();
             }
-            flash_step::<F, T>(&tile, &walk_step(&tile, s, prefix_steps, step_keys), &query, &staged_query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows, blocks);
+            flash_step::<F, T>(&tile, &walk_step(&tile, s, prefix_steps, step_keys), &query, &staged_query, &cube_rows, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows, blocks);
         }
     } else {
         // Two buffers: while step `s` is computed on one, step `s + 1` is read from global
@@ -263,26 +268,33 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
         for s in 0..steps {
             let step = walk_step(&tile, s, prefix_steps, step_keys);
             let ahead = load_share::<N, W>(&kv, &walk_step(&tile, s + 1, prefix_steps, step_keys), keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
-            flash_step::<F, T>(&tile, &step, &query, &staged_query, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows, blocks);
+            flash_step::<F, T>(&tile, &step, &query, &staged_query, &cube_rows, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 2) * buffer, scale, head_dim, step_keys, rows, blocks);
             store_share::<F, N, W>(&ahead, &mut staged_keys, &mut staged_values, ((s + 1) % 2) * buffer, step_keys, head_dim, units);
             sync_cube();
         }
     }
 
-    // Each row's sum over its quad, then the normalised output of the rows that have a token.
+    // Each row's sum over its quad, then the normalised output of the rows that have a token:
+    // one division a row, and a unit's two neighbouring columns of a block stored as one pair
+    // (a 32-bit store in bf16; the output starts a pair in, and a row's columns are an even
+    // number in). An element at a time with a division each, it was 128 stores and 717
+    // instructions a unit after the loop, now 64 and 593 (sm_90a, 32 rows a warp at head_dim
+    // 128).
     #[unroll]
     for r in 0..unit_rows {
         let (block, half) = (r / HALVES, r % HALVES);
-        let sum = T::quad_sum(rows_state.sums[r], units);
+        let inverse = 1.0 / T::quad_sum(rows_state.sums[r], units);
         let offset = row_offsets[plane_row + block * ROWS_PER_PLANE + fragment_row(lane, 2 * half)];
         if offset != NO_ROW {
             #[unroll]
             for dims in 0..comptime![head_dim / 8] {
+                let dim = dims * 8 + fragment_column(lane, 2 * half);
+                let mut columns = Vector::<F, Const<2>>::empty();
                 #[unroll]
                 for column in 0..COLUMNS {
-                    let dim = dims * 8 + fragment_column(lane, 2 * half + column);
-                    output[offset as usize + dim] = F::cast_from(accumulated[block * output_elements + dims * BLOCK_ELEMENTS + 2 * half + column] / sum);
+                    columns[column] = F::cast_from(accumulated[block * output_elements + dims * BLOCK_ELEMENTS + 2 * half + column] * inverse);
                 }
+                output[(offset as usize + dim) / COLUMNS] = columns;
             }
         }
     }
@@ -322,14 +334,20 @@ fn stage_query_element<F: Float>(queries: &Tensor<F>, row_offsets: &SharedMemory
     staged_query[row * comptime![staged_row(head_dim)] + dim] = select(present, value, F::new(0.0));
 }
 
-/// A unit's rows (two a block: `half` 0 and 1): their tokens and item starts (what they may
-/// see), their running maxima, and the partial sums of this unit's own columns.
+/// A unit's rows (two a block: `half` 0 and 1): their running maxima, and the partial sums of
+/// this unit's own columns.
 #[derive(CubeType)]
 struct RowsState {
-    tokens: Array<u32>,
-    item_begins: Array<u32>,
     maxima: Array<f32>,
     sums: Array<f32>,
+}
+
+/// Every row of the cube: its token and where its item starts (what it may see of a masked
+/// step), in shared memory.
+#[derive(CubeType)]
+struct CubeRows {
+    tokens: SharedMemory<u32>,
+    item_starts: SharedMemory<u32>,
 }
 
 /// One key step on the keys and values staged from element `staged_at`: steps 2–4 of the loop
@@ -342,6 +360,7 @@ fn flash_step<F: Float, T: FragmentMath>(
     step: &Step,
     query: &QueryPairs<F>,
     staged_query: &SharedMemory<F>,
+    cube_rows: &CubeRows,
     rows_state: &mut RowsState,
     accumulated: &mut Array<f32>,
     staged_keys: &SharedMemory<F>,
@@ -360,35 +379,37 @@ fn flash_step<F: Float, T: FragmentMath>(
     // row of the tile sees every key of a full prefix step (all but the prefix's last step):
     // those skip the masks. Uniform over the cube.
     let masked = !(step.in_prefix && step.count == step_keys);
-    #[unroll]
-    for r in 0..comptime![blocks * HALVES] {
-        online_softmax::<T>(&mut weights, rows_state, accumulated, tile, step, r, masked, scale, head_dim, step_keys, rows, blocks);
-    }
+    online_softmax::<T>(&mut weights, cube_rows, rows_state, accumulated, tile, step, masked, scale, head_dim, step_keys, rows, blocks);
 
     // 4. Add weights × values.
     T::accumulate::<F>(accumulated, &weights, staged_values, staged_at, head_dim, step_keys, rows, blocks);
 }
 
-/// Step 3 for one of a unit's rows (`r`: `half` `r % 2` of block `r / 2`): its scores
-/// (`weights`' elements of that row, unscaled) become the weights of the keys it sees —
-/// [`visible_keys`] of the step where `masked`, all of them otherwise (a row's token and item
-/// start are read only then: at 32 rows a warp they live in spilled registers) —, its running maximum and
-/// partial sum move on, and its output fragments are rescaled. Maxima are of unscaled scores
-/// (`scale` > 0 keeps their order), each weight is one `exp(score · scale − max)`, and masks are
-/// selects, not branches (a branch per element cost a reconvergence point each in the sm_90a
-/// code). The maximum and the sum run as one chain per column of the unit's pairs, halving
-/// their dependent lengths. `masked` is uniform over the cube; the quad's exchanges stay outside
-/// its branches (on the register fragments each call site of one allocates its own shared
-/// memory).
+/// Step 3 for all of a unit's rows (row `r`: `half` `r % 2` of block `r / 2`), phase by phase:
+/// every row's largest score, then the quads' maxima and each row's correction, then the
+/// weights and sums, then the output rescaled. Each row's scores (`weights`' elements of that
+/// row, unscaled) become the weights of the keys it sees — [`visible_keys`] of the step where
+/// `masked`, all of them otherwise —, its running maximum and partial sum move on, and its
+/// output fragments are rescaled.
+///
+/// Phases, not a pass per row: the rows' dependent chains (a maximum, two shuffles, the
+/// exponentials, a sum) interleave in one stretch of code, where a pass per row put each
+/// behind its own mask and rescale branches (15 on a full step's path in the sm_90a code, 6
+/// now). Maxima are of unscaled scores (`scale` > 0 keeps their order), each weight is one
+/// `exp(score · scale − max)`, and masks are selects, not branches (a branch per element cost a
+/// reconvergence point each). The maximum and the sum run as one chain per column of the unit's
+/// pairs, halving their dependent lengths. `masked` is uniform over the cube; the quad's
+/// exchanges stay outside its branches (on the register fragments each call site of one
+/// allocates its own shared memory).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn online_softmax<T: FragmentMath>(
     weights: &mut Array<f32>,
+    cube_rows: &CubeRows,
     rows_state: &mut RowsState,
     accumulated: &mut Array<f32>,
     tile: &Tile,
     step: &Step,
-    r: usize,
     masked: bool,
     scale: f32,
     #[comptime] head_dim: usize,
@@ -396,88 +417,136 @@ fn online_softmax<T: FragmentMath>(
     #[comptime] rows: usize,
     #[comptime] blocks: usize,
 ) {
-    let (_, lane) = flash_plane_and_lane(blocks);
+    let (plane_row, lane) = flash_plane_and_lane(blocks);
     let units = comptime![flash_units(rows, blocks)];
-    let half = r % HALVES;
-    // This row's block's elements: of the weights, and of the output.
-    let scores_at = (r / HALVES) * comptime![step_keys / 8 * BLOCK_ELEMENTS];
-    let output_at = (r / HALVES) * comptime![head_dim / 8 * BLOCK_ELEMENTS];
-    let mut column_max = Array::<f32>::new(COLUMNS);
+    let unit_rows = comptime![blocks * HALVES];
+
+    // Each row's largest score of the step, over the keys it sees.
+    let mut step_max = Array::<f32>::new(unit_rows);
+    if masked {
+        #[unroll]
+        for r in 0..unit_rows {
+            let (from, to) = row_visible_keys(cube_rows, tile, step, plane_row, lane, r);
+            let mut column_max = Array::<f32>::new(COLUMNS);
+            #[unroll]
+            for column in 0..COLUMNS {
+                column_max[column] = f32::new(NO_SCORE);
+                #[unroll]
+                for block in 0..comptime![step_keys / 8] {
+                    let key = block * 8 + fragment_column(lane, 2 * (r % HALVES) + column);
+                    let score = select(key >= from && key < to, weights[score_index(r, block, column, step_keys)], f32::new(NO_SCORE));
+                    column_max[column] = f32::max(column_max[column], score);
+                }
+            }
+            step_max[r] = f32::max(column_max[0], column_max[1]);
+        }
+    } else {
+        #[unroll]
+        for r in 0..unit_rows {
+            let mut column_max = Array::<f32>::new(COLUMNS);
+            #[unroll]
+            for column in 0..COLUMNS {
+                column_max[column] = weights[score_index(r, 0, column, step_keys)];
+                #[unroll]
+                for block in 1..comptime![step_keys / 8] {
+                    column_max[column] = f32::max(column_max[column], weights[score_index(r, block, column, step_keys)]);
+                }
+            }
+            step_max[r] = f32::max(column_max[0], column_max[1]);
+        }
+    }
+
+    // The quads' maxima, each row's running maximum and the correction of what it has summed.
+    // A row that sees no key yet keeps a maximum of NO_SCORE or NO_SCORE · scale: either is far
+    // below any real score, and its weights and sum stay 0. exp(0) = 1 while the row has seen
+    // nothing; 0-weighted history once it does.
+    let mut corrections = Array::<f32>::new(unit_rows);
+    let mut any_correction = false;
     #[unroll]
-    for column in 0..COLUMNS {
-        column_max[column] = f32::new(NO_SCORE);
+    for r in 0..unit_rows {
+        let row_max = T::quad_max(step_max[r], units) * scale;
+        let previous = rows_state.maxima[r];
+        let running_max = f32::max(previous, row_max);
+        corrections[r] = f32::exp(previous - running_max);
+        any_correction = any_correction || corrections[r] != 1.0;
+        rows_state.maxima[r] = running_max;
+        rows_state.sums[r] *= corrections[r];
     }
-    let mut from = 0;
-    let mut to = step.count;
-    if masked {
-        let (visible_from, visible_to) = visible_keys(tile, step, rows_state.item_begins[r] as usize, rows_state.tokens[r] as usize);
-        from = visible_from;
-        to = visible_to;
+
+    // The output rescaled, before the weights: the corrections are dead by then, and the
+    // weights' exponentials and the weights × values multiply that reads them lie in one
+    // stretch of code with no branch between. Where no row's maximum moved every correction is
+    // exactly 1 (`exp(0)`) and the output stays as it is: past the first steps of a long prefix
+    // that is most steps, and the rescale is `head_dim / 4` multiplies a row.
+    if any_correction {
         #[unroll]
-        for block in 0..comptime![step_keys / 8] {
+        for r in 0..unit_rows {
+            let output_at = (r / HALVES) * comptime![head_dim / 8 * BLOCK_ELEMENTS] + 2 * (r % HALVES);
             #[unroll]
-            for column in 0..COLUMNS {
-                let key = block * 8 + fragment_column(lane, 2 * half + column);
-                let score = select(key >= from && key < to, weights[scores_at + block * BLOCK_ELEMENTS + 2 * half + column], f32::new(NO_SCORE));
-                column_max[column] = f32::max(column_max[column], score);
+            for block in 0..comptime![head_dim / 8] {
+                #[unroll]
+                for column in 0..COLUMNS {
+                    accumulated[output_at + block * BLOCK_ELEMENTS + column] *= corrections[r];
+                }
             }
+        }
+    }
+
+    // The weights and each row's partial sum.
+    if masked {
+        #[unroll]
+        for r in 0..unit_rows {
+            let (from, to) = row_visible_keys(cube_rows, tile, step, plane_row, lane, r);
+            let running_max = rows_state.maxima[r];
+            let mut column_sum = Array::<f32>::new(COLUMNS);
+            column_sum[0] = rows_state.sums[r];
+            column_sum[1] = f32::new(0.0);
+            #[unroll]
+            for block in 0..comptime![step_keys / 8] {
+                #[unroll]
+                for column in 0..COLUMNS {
+                    let index = score_index(r, block, column, step_keys);
+                    let key = block * 8 + fragment_column(lane, 2 * (r % HALVES) + column);
+                    // A masked key's argument is NO_SCORE: its weight is exp(NO_SCORE) = 0.
+                    let weight = f32::exp(select(key >= from && key < to, weights[index] * scale - running_max, f32::new(NO_SCORE)));
+                    weights[index] = weight;
+                    column_sum[column] += weight;
+                }
+            }
+            rows_state.sums[r] = column_sum[0] + column_sum[1];
         }
     } else {
         #[unroll]
-        for block in 0..comptime![step_keys / 8] {
+        for r in 0..unit_rows {
+            let running_max = rows_state.maxima[r];
+            let mut column_sum = Array::<f32>::new(COLUMNS);
+            column_sum[0] = rows_state.sums[r];
+            column_sum[1] = f32::new(0.0);
             #[unroll]
-            for column in 0..COLUMNS {
-                column_max[column] = f32::max(column_max[column], weights[scores_at + block * BLOCK_ELEMENTS + 2 * half + column]);
+            for block in 0..comptime![step_keys / 8] {
+                #[unroll]
+                for column in 0..COLUMNS {
+                    let index = score_index(r, block, column, step_keys);
+                    let weight = f32::exp(weights[index] * scale - running_max);
+                    weights[index] = weight;
+                    column_sum[column] += weight;
+                }
             }
+            rows_state.sums[r] = column_sum[0] + column_sum[1];
         }
     }
-    // A row that sees no key yet keeps a maximum of NO_SCORE or NO_SCORE · scale: either is
-    // far below any real score, and its weights and sum stay 0.
-    let step_max = T::quad_max(f32::max(column_max[0], column_max[1]), units) * scale;
-    let previous = rows_state.maxima[r];
-    let running_max = f32::max(previous, step_max);
-    // exp(0) = 1 while the row has seen nothing; 0-weighted history once it does.
-    let correction = f32::exp(previous - running_max);
-    let mut column_sum = Array::<f32>::new(COLUMNS);
-    column_sum[0] = rows_state.sums[r] * correction;
-    column_sum[1] = f32::new(0.0);
-    if masked {
-        #[unroll]
-        for block in 0..comptime![step_keys / 8] {
-            #[unroll]
-            for column in 0..COLUMNS {
-                let index = scores_at + block * BLOCK_ELEMENTS + 2 * half + column;
-                let key = block * 8 + fragment_column(lane, 2 * half + column);
-                // A masked key's argument is NO_SCORE: its weight is exp(NO_SCORE) = 0.
-                let weight = f32::exp(select(key >= from && key < to, weights[index] * scale - running_max, f32::new(NO_SCORE)));
-                weights[index] = weight;
-                column_sum[column] += weight;
-            }
-        }
-    } else {
-        #[unroll]
-        for block in 0..comptime![step_keys / 8] {
-            #[unroll]
-            for column in 0..COLUMNS {
-                let index = scores_at + block * BLOCK_ELEMENTS + 2 * half + column;
-                let weight = f32::exp(weights[index] * scale - running_max);
-                weights[index] = weight;
-                column_sum[column] += weight;
-            }
-        }
-    }
-    rows_state.maxima[r] = running_max;
-    rows_state.sums[r] = column_sum[0] + column_sum[1];
-    // Where the maximum did not move the correction is exactly 1 (`exp(0)`): the row's output
-    // stays as it is. Past the first steps of a long prefix that is most steps, and the
-    // rescale is `head_dim / 4` multiplies a unit's row.
-    if correction != 1.0 {
-        #[unroll]
-        for block in 0..comptime![head_dim / 8] {
-            #[unroll]
-            for column in 0..COLUMNS {
-                accumulated[output_at + block * BLOCK_ELEMENTS + 2 * half + column] *= correction;
-            }
-        }
-    }
+}
+
+/// Where a unit's row `r`'s score of key block `block`, column `column` lies in `weights`.
+#[cube]
+fn score_index(r: usize, block: usize, column: usize, #[comptime] step_keys: usize) -> usize {
+    (r / HALVES) * comptime![step_keys / 8 * BLOCK_ELEMENTS] + block * BLOCK_ELEMENTS + 2 * (r % HALVES) + column
+}
+
+/// The keys of `step` a unit's row `r` sees ([`visible_keys`]), its token and item start read
+/// from the cube's rows.
+#[cube]
+fn row_visible_keys(cube_rows: &CubeRows, tile: &Tile, step: &Step, plane_row: usize, lane: usize, r: usize) -> (usize, usize) {
+    let row = plane_row + (r / HALVES) * ROWS_PER_PLANE + fragment_row(lane, 2 * (r % HALVES));
+    visible_keys(tile, step, cube_rows.item_starts[row] as usize, cube_rows.tokens[row] as usize)
 }

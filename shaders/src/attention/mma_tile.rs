@@ -500,16 +500,8 @@ impl<L: FragmentLoad> FragmentMath for MmaFragments<L> {
     }
 
     fn quad_max(value: f32, #[comptime] _units: usize) -> f32 {
-        let mut largest = value;
-        let neighbour = plane_shuffle_xor(largest, 1u32);
-        if neighbour > largest {
-            largest = neighbour;
-        }
-        let across = plane_shuffle_xor(largest, 2u32);
-        if across > largest {
-            largest = across;
-        }
-        largest
+        let pair = f32::max(value, plane_shuffle_xor(value, 1u32));
+        f32::max(pair, plane_shuffle_xor(pair, 2u32))
     }
 
     fn quad_sum(value: f32, #[comptime] _units: usize) -> f32 {

@@ -247,7 +247,8 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         output
     }
 
-    /// Writes every element of `output` (`[tokens, q_heads, head_dim]`, contiguous).
+    /// Writes every element of `output` (`[tokens, q_heads, head_dim]`, contiguous, starting a
+    /// pair of elements into its buffer: the flash kernel stores column pairs).
     pub fn run_into(self, output: &CubeTensor<R>) {
         let [tokens, q_heads, head_dim] = self.queries.shape().dims::<3>();
         let kv_heads = self.keys.shape()[1];
@@ -261,6 +262,7 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         assert!(prefix_shape[0] == kv_heads && prefix_shape[2] == head_dim && prefix_shape[1] >= tiles.prefix_tokens, "the prefix K/V must hold every item's prefix");
         assert_eq!(self.prefix_values.shape(), self.prefix_keys.shape(), "one prefix value per key");
         assert!(output.is_contiguous(), "the attention output must be contiguous");
+        assert!(output.handle.offset_start.unwrap_or(0).is_multiple_of(2 * output.dtype.size() as u64), "the attention output must start a pair of elements in");
         if tokens == 0 {
             return;
         }
