@@ -386,11 +386,11 @@ fn flash_step<F: Float, T: FragmentMath>(
 }
 
 /// Step 3 for all of a unit's rows (row `r`: `half` `r % 2` of block `r / 2`), phase by phase:
-/// every row's largest score, then the quads' maxima and each row's correction, then the
-/// weights and sums, then the output rescaled. Each row's scores (`weights`' elements of that
-/// row, unscaled) become the weights of the keys it sees — [`visible_keys`] of the step where
-/// `masked`, all of them otherwise —, its running maximum and partial sum move on, and its
-/// output fragments are rescaled.
+/// every row's largest score, then the quads' maxima and each row's correction (of its partial
+/// sum at once), then the output rescaled, then the weights and sums. Each row's scores
+/// (`weights`' elements of that row, unscaled) become the weights of the keys it sees —
+/// [`visible_keys`] of the step where `masked`, all of them otherwise —, its running maximum and
+/// partial sum move on, and its output fragments are rescaled.
 ///
 /// Phases, not a pass per row: the rows' dependent chains (a maximum, two shuffles, the
 /// exponentials, a sum) interleave in one stretch of code, where a pass per row put each
