@@ -27,7 +27,7 @@ use burn_cubecl::CubeRuntime;
 
 use super::flash::{flash_plane_and_lane, FragmentMath, BLOCK_ELEMENTS};
 use super::tiled::{plane_and_lane, QueryPairs, TileMath, KEY_BLOCK, NO_ROW, ROWS_PER_PLANE};
-use super::walk::staged_row;
+use super::walk::{shared_index, staged_row};
 use super::FragmentLoads;
 
 /// `(m, n, k)` of one multiply.
@@ -213,20 +213,6 @@ fn rows_then_columns_x4<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, stag
     def.load_matrix::<F, Pair>(&staged.slice(lane_base + at, lane_base + at + 8), ident, 4usize, transpose)
 }
 
-/// Every element index into a kernel's shared memory is below this (2¹⁷ elements: 256 KiB of
-/// 16-bit ones, past any GPU's shared memory a cube).
-const SHARED_INDICES: usize = 1 << 17;
-
-/// `index`, which is below [`SHARED_INDICES`], said so: with this bound NVRTC (LLVM) knows that
-/// adding a compile-time offset to it cannot wrap 32 bits, so it moves the offset out of the
-/// 64-bit address (`shared + zext(index + at)` becomes `shared + zext(index) + at`). A step's
-/// `ldmatrix` addresses then share one register and differ by immediates, which ptxas folds
-/// into the instruction; without it each of the 80 a step took an `IADD3` of its own (sm_90a
-/// SASS of the default flash kernel).
-#[cube]
-fn shared_index(index: usize) -> usize {
-    index & comptime![SHARED_INDICES - 1]
-}
 
 /// One shared-memory read per element, where CubeCL's `position_of_nth` puts it.
 pub(super) struct ElementLoads;

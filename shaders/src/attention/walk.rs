@@ -442,18 +442,34 @@ fn copy_planned<F: Float, W: Size>(
     #[comptime] width: usize,
     #[comptime] units: usize,
 ) {
+    let first = shared_index(plan.staged);
     #[unroll]
     for i in 0..comptime![vectors_per_unit(step_keys, head_dim, width, units)] {
         let (present, key_source, value_source) = planned_vector(plan, step, i, head_dim, width, units);
         let length = select(present, 1usize, 0usize);
         let key_source = select(present, key_source, 0usize);
         let value_source = select(present, value_source, 0usize);
-        let staged = plan.staged + i * comptime![keys_apart(head_dim, width, units) * staged_row(head_dim)];
+        let staged = first + i * comptime![keys_apart(head_dim, width, units) * staged_row(head_dim)];
         unsafe {
             copy_async_checked(&keys.slice(key_source, key_source + length).downcast_unchecked::<F>(), &mut staged_keys.slice_mut(staged, staged + width), comptime![width as u32]);
             copy_async_checked(&values.slice(value_source, value_source + length).downcast_unchecked::<F>(), &mut staged_values.slice_mut(staged, staged + width), comptime![width as u32]);
         }
     }
+}
+
+/// Every element index into a kernel's shared memory is below this (2¹⁷ elements: 256 KiB of
+/// 16-bit ones, past any GPU's shared memory a cube).
+const SHARED_INDICES: usize = 1 << 17;
+
+/// `index`, which is below [`SHARED_INDICES`], said so: with this bound NVRTC (LLVM) knows that
+/// adding a compile-time offset to it cannot wrap 32 bits, so it moves the offset out of the
+/// 64-bit address (`shared + zext(index + at)` becomes `shared + zext(index) + at`). A step's
+/// `ldmatrix` addresses then share one register and differ by immediates, which ptxas folds
+/// into the instruction; without it each of the 80 a step took an `IADD3` of its own (sm_90a
+/// SASS of the default flash kernel). The same for a step's `cp.async` destinations.
+#[cube]
+pub(super) fn shared_index(index: usize) -> usize {
+    index & comptime![SHARED_INDICES - 1]
 }
 
 /// The keys of `step` a row sees, `from..to`: all of a prefix step; of an own step, those in
