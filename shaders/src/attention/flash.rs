@@ -278,7 +278,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     // one division a row, and a unit's two neighbouring columns of a block stored as one pair
     // (a 32-bit store in bf16; the output starts a pair in, and a row's columns are an even
     // number in). An element at a time with a division each, it was 128 stores and 717
-    // instructions a unit after the loop, now 64 and 593 (sm_90a, 32 rows a warp at head_dim
+    // instructions a unit after the loop, now 64 and 590 (sm_90a, 32 rows a warp at head_dim
     // 128).
     #[unroll]
     for r in 0..unit_rows {

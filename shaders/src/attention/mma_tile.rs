@@ -213,7 +213,6 @@ fn rows_then_columns_x4<F: Float>(def: MmaDefinition<F, F, f32>, lane: u32, stag
     def.load_matrix::<F, Pair>(&staged.slice(lane_base + at, lane_base + at + 8), ident, 4usize, transpose)
 }
 
-
 /// One shared-memory read per element, where CubeCL's `position_of_nth` puts it.
 pub(super) struct ElementLoads;
 
