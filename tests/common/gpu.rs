@@ -26,7 +26,11 @@ pub(crate) use named;
 
 /// Runs `tests` with libtest's command line and output; each is ignored where no adapter is.
 pub fn run(tests: Vec<(&'static str, fn())>) -> ! {
-    let args = libtest_mimic::Arguments::from_args();
+    let mut args = libtest_mimic::Arguments::from_args();
+    // One test at a time unless asked: tests share the one device, and on lavapipe each dispatch
+    // already runs on every core, so two at once only contend (on 2 cores: the kernel tests take
+    // 538 s two at a time, 350 s one at a time; kernels_f16 113 s and 42 s).
+    args.test_threads.get_or_insert(1);
     let available = adapter_expected();
     if !available {
         if std::env::var("TALLY_REQUIRE_GPU").is_ok_and(|v| v == "1") {
@@ -39,7 +43,10 @@ pub fn run(tests: Vec<(&'static str, fn())>) -> ! {
         .into_iter()
         .map(|(name, test)| {
             libtest_mimic::Trial::test(name, move || {
+                // On lavapipe these tests are most of CI's test time: each says what it took.
+                let start = std::time::Instant::now();
                 test();
+                eprintln!("{name}: {:.1} s", start.elapsed().as_secs_f64());
                 Ok(())
             })
             .with_ignored_flag(!available)
