@@ -25,11 +25,11 @@ fn assert_logprobs_match_cpu(got: &[f32], expected: &[f32], what: &str) {
     }
 }
 
-fn check<B: ScoringBackend>(backend: &str, every_route: &[Routes]) {
+fn check<B: ScoringBackend>(backend: &str, checked_routes: &[Routes]) {
     for dir in fixture_models() {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let expected = label_logprobs::<NdArray<f32>>(&dir, Routes::PLAIN);
-        for &routes in every_route {
+        for &routes in checked_routes {
             assert_eq!(B::routes(routes), routes, "a CubeCL backend runs every route asked");
             assert_logprobs_match_cpu(&label_logprobs::<B>(&dir, routes), &expected, &format!("{name} on {backend}, {routes}"));
         }
