@@ -1,6 +1,7 @@
 //! What a scoring pass shares between items: the query's K/V, computed once per request.
 
 use std::cell::OnceCell;
+use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 
@@ -12,14 +13,19 @@ use crate::kv::{spans_end_to_end, PrefixKv};
 pub const PREFILL_CHUNK: usize = 512;
 
 /// The query's K/V for every layer, computed once and attended to by all items of a request.
+///
+/// A window of tokens over buffers it may share (a pass's queries end to end, or a longer
+/// query's beginning): taking one query of a pass, or a query's beginning, is a new window, not a
+/// tensor view a layer. On Burn's fusion every view is an operation registered with the device's
+/// thread, so views a layer for each of a load batch's 64 queries were most of the host's time
+/// on it (`tests/cuda_launches.rs`); a layer's view is made where a pass reads that layer.
 #[derive(Clone, Debug)]
 pub struct QueryKv<B: Backend> {
-    pub(crate) layers: Vec<PrefixKv<B>>,
+    /// Per layer, `[kv_heads, tokens, head_dim]`, this query's tokens among them.
+    buffers: Arc<[PrefixKv<B>]>,
+    /// This query's first token in the buffers.
+    start: usize,
     len: usize,
-    /// Whether the layers are views into buffers that hold more than this query (a longer
-    /// query's, or every query of a pass): such a query keeps that memory alive unseen by
-    /// [`Self::size_bytes`]; [`Self::compacted`] copies it out.
-    shares_buffers: bool,
 }
 
 impl<B: Backend> QueryKv<B> {
@@ -27,33 +33,54 @@ impl<B: Backend> QueryKv<B> {
     pub(crate) fn empty(layers: usize, kv_heads: usize, head_dim: usize, device: &B::Device) -> Self {
         // `empty`, not `zeros`: a fill of zero elements is a zero-block launch, which CUDA rejects.
         let empty = Tensor::<B, 3>::empty([kv_heads, 0, head_dim], device);
-        QueryKv { layers: vec![PrefixKv { keys: empty.clone(), values: empty }; layers], len: 0, shares_buffers: false }
+        Self::from_layers(vec![PrefixKv { keys: empty.clone(), values: empty }; layers])
     }
 
     /// A query whose K/V per layer is `layers` (`[kv_heads, len, head_dim]` each, RoPE applied).
     pub fn from_layers(layers: Vec<PrefixKv<B>>) -> Self {
         let len = layers.first().map_or(0, PrefixKv::len);
         assert!(layers.iter().all(|kv| kv.len() == len), "every layer covers the same tokens");
-        QueryKv { layers, len, shares_buffers: false }
+        QueryKv { buffers: layers.into(), start: 0, len }
     }
 
-    /// Tokens `start..start + len` of every layer of `joined` (views, no copy): one query of a
-    /// pass that ran several end to end.
-    pub(crate) fn views_of(joined: &[PrefixKv<B>], start: usize, len: usize) -> Self {
-        let shares_buffers = joined.first().is_some_and(|kv| kv.len() > len);
-        QueryKv { layers: joined.iter().map(|kv| kv.tokens(start, len)).collect(), len, shares_buffers }
+    /// Tokens `start..start + len` of every layer of `joined`, no copy: one query of a pass
+    /// that ran several end to end.
+    pub(crate) fn views_of(joined: &Arc<[PrefixKv<B>]>, start: usize, len: usize) -> Self {
+        assert!(joined.iter().all(|kv| start + len <= kv.len()), "tokens {start}..{} of a buffer of fewer", start + len);
+        QueryKv { buffers: Arc::clone(joined), start, len }
+    }
+
+    /// Layer `layer`'s K/V of this query: its buffer, or a view of the query's tokens in it.
+    pub fn layer(&self, layer: usize) -> PrefixKv<B> {
+        let kv = &self.buffers[layer];
+        if self.shares_buffers() {
+            kv.tokens(self.start, self.len)
+        } else {
+            kv.clone()
+        }
+    }
+
+    /// Whether the buffers hold more than this query (a longer query's, or every query of a
+    /// pass): such a query keeps that memory alive unseen by [`Self::size_bytes`];
+    /// [`Self::compacted`] copies it out.
+    fn shares_buffers(&self) -> bool {
+        self.buffers.first().is_some_and(|kv| kv.len() != self.len)
     }
 
     /// This query in buffers of its own, copied out of the ones it shares (a view, kept, would
     /// hold a whole pass's queries alive); itself when it shares none.
     pub fn compacted(self) -> Self {
-        if !self.shares_buffers {
+        if !self.shares_buffers() {
             return self;
         }
         // Burn's `cat` writes a new buffer even for a lone part.
         let copy = |tensor: Tensor<B, 3>| Tensor::cat(vec![tensor], 1);
-        let layers = self.layers.into_iter().map(|kv| PrefixKv { keys: copy(kv.keys), values: copy(kv.values) }).collect();
-        QueryKv { layers, len: self.len, shares_buffers: false }
+        Self::from_layers((0..self.buffers.len()).map(|layer| self.layer(layer)).map(|kv| PrefixKv { keys: copy(kv.keys), values: copy(kv.values) }).collect())
+    }
+
+    /// Whether `next`'s tokens come right after this query's in the same buffers.
+    fn is_followed_in_its_buffers_by(&self, next: &QueryKv<B>) -> bool {
+        Arc::ptr_eq(&self.buffers, &next.buffers) && self.start + self.len == next.start
     }
 
     /// Query tokens covered.
@@ -65,18 +92,21 @@ impl<B: Backend> QueryKv<B> {
         self.len == 0
     }
 
-    /// Device memory held by the K/V tensors.
+    /// Device memory this query's K/V takes (of its buffers, its own tokens').
     pub fn size_bytes(&self) -> usize {
-        self.layers.iter().map(|kv| 2 * kv.keys.shape().num_elements() * kv.keys.dtype().size()).sum()
+        let token_bytes = |kv: &PrefixKv<B>| {
+            let [kv_heads, _, head_dim] = kv.keys.dims();
+            2 * kv_heads * head_dim * kv.keys.dtype().size()
+        };
+        self.buffers.iter().map(|kv| self.len * token_bytes(kv)).sum()
     }
 
-    /// The K/V of this query's first `len` tokens (views, no copy): attention is causal, so a
-    /// token's K/V depends only on the tokens up to it, and a query's beginning is the K/V of
-    /// any query that begins the same way.
+    /// The K/V of this query's first `len` tokens, no copy: attention is causal, so a token's
+    /// K/V depends only on the tokens up to it, and a query's beginning is the K/V of any query
+    /// that begins the same way.
     pub fn truncated(&self, len: usize) -> Self {
         assert!(len <= self.len, "{len} tokens of a query of {}", self.len);
-        let layers = self.layers.iter().map(|kv| kv.tokens(0, len)).collect();
-        QueryKv { layers, len, shares_buffers: self.shares_buffers || len < self.len }
+        QueryKv { buffers: Arc::clone(&self.buffers), start: self.start, len }
     }
 }
 
@@ -96,7 +126,7 @@ pub struct QueryBatch<B: Backend> {
     tails: Vec<Vec<u32>>,
     /// Per query, tail included: its first token and length in the joined K/V.
     spans: Vec<(usize, usize)>,
-    joined: OnceCell<Vec<PrefixKv<B>>>,
+    joined: OnceCell<Arc<[PrefixKv<B>]>>,
 }
 
 impl<B: Backend> QueryBatch<B> {
@@ -143,14 +173,18 @@ impl<B: Backend> QueryBatch<B> {
 
     /// Every query's K/V in layer `layer`, end to end: only once the tails have run.
     pub fn joined(&self, layer: usize) -> &PrefixKv<B> {
+        &self.joined_layers()[layer]
+    }
+
+    fn joined_layers(&self) -> &Arc<[PrefixKv<B>]> {
         assert_eq!(self.tail_tokens(), 0, "tails run in the batch's first pass, before anything reads the joined K/V");
-        &self.joined.get_or_init(|| self.join())[layer]
+        self.joined.get_or_init(|| self.join())
     }
 
     /// The tails have run: `extended[q]` is query `q` whole where it had a tail, and `joined`
     /// every layer's K/V of all queries end to end (the pass that ran the tails built it; the
     /// extended queries may be views of it).
-    pub(crate) fn tails_ran(&mut self, extended: Vec<Option<QueryKv<B>>>, joined: Vec<PrefixKv<B>>) {
+    pub(crate) fn tails_ran(&mut self, extended: Vec<Option<QueryKv<B>>>, joined: Arc<[PrefixKv<B>]>) {
         for ((query, tail), extended) in self.queries.iter_mut().zip(&mut self.tails).zip(extended) {
             if let Some(extended) = extended {
                 assert_eq!(extended.len(), query.len() + tail.len(), "a tail extends its query by its tokens");
@@ -180,30 +214,43 @@ impl<B: Backend> QueryBatch<B> {
                 _ => stretches.push((start, len)),
             }
         }
-        let layers = self.queries[0].layers.len();
         let whole = self.spans.iter().map(|&(_, len)| len).sum::<usize>();
-        let own: Vec<PrefixKv<B>> = (0..layers)
-            .map(|layer| {
-                let joined = self.joined(layer);
-                match stretches.as_slice() {
-                    [(0, total)] if *total == whole => joined.clone(),
-                    _ => {
-                        let copy = |pick: fn(&PrefixKv<B>) -> &Tensor<B, 3>| Tensor::cat(stretches.iter().map(|&(start, len)| pick(joined).clone().narrow(1, start, len)).collect(), 1);
-                        PrefixKv { keys: copy(|kv| &kv.keys), values: copy(|kv| &kv.values) }
-                    }
-                }
-            })
-            .collect();
+        let joined = self.joined_layers();
+        let own: Arc<[PrefixKv<B>]> = match stretches.as_slice() {
+            [(0, total)] if *total == whole => Arc::clone(joined),
+            _ => joined
+                .iter()
+                .map(|layer| {
+                    let copy = |tensor: &Tensor<B, 3>| Tensor::cat(stretches.iter().map(|&(start, len)| tensor.clone().narrow(1, start, len)).collect(), 1);
+                    PrefixKv { keys: copy(&layer.keys), values: copy(&layer.values) }
+                })
+                .collect(),
+        };
         spans_end_to_end(spans.iter().map(|&(_, len)| len)).into_iter().map(|(start, len)| QueryKv::views_of(&own, start, len)).collect()
     }
 
-    fn join(&self) -> Vec<PrefixKv<B>> {
-        (0..self.queries[0].layers.len())
+    /// Every query end to end, a buffer a layer. Queries lying side by side in one buffer (a
+    /// pass's, cached together and met again in that order) go in as one part.
+    fn join(&self) -> Arc<[PrefixKv<B>]> {
+        let stretches = self.stretches();
+        (0..self.queries[0].buffers.len())
             .map(|layer| {
-                let parts: Vec<&PrefixKv<B>> = self.queries.iter().map(|query| &query.layers[layer]).collect();
-                PrefixKv::join(&parts).0
+                let parts: Vec<PrefixKv<B>> = stretches.iter().map(|stretch| stretch.layer(layer)).collect();
+                PrefixKv::join(&parts.iter().collect::<Vec<_>>()).0
             })
             .collect()
+    }
+
+    /// The queries in order, those lying side by side in one buffer merged into one window.
+    fn stretches(&self) -> Vec<QueryKv<B>> {
+        let mut stretches: Vec<QueryKv<B>> = Vec::new();
+        for query in &self.queries {
+            match stretches.last_mut() {
+                Some(last) if last.is_followed_in_its_buffers_by(query) => last.len += query.len,
+                _ => stretches.push(query.clone()),
+            }
+        }
+        stretches
     }
 }
 
@@ -258,16 +305,16 @@ mod tests {
         assert_eq!([batch.span(0), batch.span(1)], [(0, 6), (6, 3)], "query 0's 2 tokens and its 4-token tail");
         assert_eq!(batch.tail_tokens(), 4);
         let whole = query(1, 6);
-        let joined = (0..2).map(|layer| PrefixKv::join(&[&whole.layers[layer], &query(2, 3).layers[layer]]).0).collect();
+        let joined = (0..2).map(|layer| PrefixKv::join(&[&whole.layer(layer), &query(2, 3).layer(layer)]).0).collect();
         batch.tails_ran(vec![Some(whole), None], joined);
         assert_eq!((batch.tail_tokens(), batch.query(0).len(), batch.span(1)), (0, 6, (6, 3)));
-        assert_eq!(host(&batch.joined(1).keys)[..12], host(&query(1, 6).layers[1].keys)[..], "the pass's joined K/V is the batch's");
+        assert_eq!(host(&batch.joined(1).keys)[..12], host(&query(1, 6).layer(1).keys)[..], "the pass's joined K/V is the batch's");
     }
 
     #[test]
     fn a_lone_query_is_its_own_joined_buffer_and_no_query_leaves_one_unread_token() {
         let lone = QueryBatch::new(vec![query(7, 3)]);
-        assert_eq!(host(&lone.joined(1).keys), host(&query(7, 3).layers[1].keys));
+        assert_eq!(host(&lone.joined(1).keys), host(&query(7, 3).layer(1).keys));
         let none = QueryBatch::<B>::new(vec![QueryKv::empty(2, 1, 2, &Default::default())]);
         assert_eq!(none.joined(0).len(), 1, "a buffer cannot be empty");
         assert_eq!(none.span(0), (0, 0));
@@ -284,11 +331,45 @@ mod tests {
             for (copy, id) in copies.iter().zip(ids) {
                 let original = query(id, copy.len());
                 for layer in 0..2 {
-                    assert_eq!(host(&copy.layers[layer].keys), host(&original.layers[layer].keys), "query {id}, layer {layer}");
-                    assert_eq!(host(&copy.layers[layer].values), host(&original.layers[layer].values), "query {id}, layer {layer}");
+                    assert_eq!(host(&copy.layer(layer).keys), host(&original.layer(layer).keys), "query {id}, layer {layer}");
+                    assert_eq!(host(&copy.layer(layer).values), host(&original.layer(layer).values), "query {id}, layer {layer}");
                 }
             }
         }
         assert_eq!([some[0].len(), some[1].len()], [3, 1]);
+    }
+
+    #[test]
+    fn a_query_of_a_pass_is_a_window_of_its_buffers_until_compacted() {
+        let joined: Arc<[PrefixKv<B>]> = query(1, 5).buffers;
+        let window = QueryKv::views_of(&joined, 1, 3);
+        let tokens = |query: &QueryKv<B>, layer: usize| host(&query.layer(layer).keys);
+        let expected = |layer: usize, from: usize, to: usize| (from..to).flat_map(|t| (0..2).map(move |d| (1000 + layer * 100 + t * 10 + d) as f32)).collect::<Vec<_>>();
+        assert_eq!((tokens(&window, 1), window.len()), (expected(1, 1, 4), 3));
+        assert_eq!(host(&window.layer(0).values), expected(0, 1, 4).iter().map(|v| v + 5.0).collect::<Vec<_>>());
+        assert_eq!(window.size_bytes(), 2 * 2 * 3 * 2 * 4, "its own 3 tokens, not the buffer's 5");
+        let beginning = window.truncated(2);
+        assert_eq!(tokens(&beginning, 1), expected(1, 1, 3));
+        assert!(beginning.shares_buffers() && window.shares_buffers());
+        let own = beginning.compacted();
+        assert!(!own.shares_buffers() && !Arc::ptr_eq(&own.buffers, &joined));
+        assert_eq!((tokens(&own, 0), tokens(&own, 1), own.size_bytes()), (expected(0, 1, 3), expected(1, 1, 3), 2 * 2 * 2 * 2 * 4));
+        let whole = QueryKv::views_of(&joined, 0, 5);
+        assert!(!whole.shares_buffers(), "a window of all of its buffers is the buffers");
+    }
+
+    #[test]
+    fn queries_side_by_side_in_one_buffer_join_as_one_part() {
+        let cached = QueryBatch::new(vec![query(1, 2), query(2, 3), query(3, 1)]).own_copies(&[0, 1, 2]);
+        let in_order = QueryBatch::new(cached.clone());
+        assert_eq!(in_order.stretches().len(), 1, "one window over the three");
+        let reordered = QueryBatch::new(vec![cached[2].clone(), cached[0].clone(), cached[1].clone(), query(4, 2)]);
+        assert_eq!(reordered.stretches().iter().map(QueryKv::len).collect::<Vec<_>>(), [1, 5, 2], "queries 1 and 2 still side by side");
+        for (batch, ids) in [(&in_order, vec![(1, 2), (2, 3), (3, 1)]), (&reordered, vec![(3, 1), (1, 2), (2, 3), (4, 2)])] {
+            for layer in 0..2 {
+                let expected: Vec<f32> = ids.iter().flat_map(|&(id, len)| host(&query(id, len).layer(layer).keys)).collect();
+                assert_eq!(host(&batch.joined(layer).keys), expected, "layer {layer} of {ids:?}");
+            }
+        }
     }
 }

@@ -8,6 +8,7 @@ mod load;
 
 use std::marker::PhantomData;
 use std::ops::Range;
+use std::sync::Arc;
 
 use burn::tensor::{Int, Tensor, TensorData};
 
@@ -290,13 +291,16 @@ impl<B: ScoringBackend> TailRun<B> {
 
     /// Layer `layer`'s prefix. `keys`, `values`: the layer's, every row of the pass.
     fn layer_prefix(&mut self, queries: &QueryBatch<B>, layer: usize, keys: &Tensor<B, 3>, values: &Tensor<B, 3>) -> PrefixKv<B> {
-        let so_far: Vec<&PrefixKv<B>> = queries.parts().map(|(query, _)| &query.layers[layer]).collect();
+        let so_far: Vec<&QueryKv<B>> = queries.parts().map(|(query, _)| query).collect();
         // `[rows, kv_heads, head_dim]` rows → `[kv_heads, rows, head_dim]`, a view.
         let rows_of = |tensor: &Tensor<B, 3>, rows: &Range<usize>| tensor.clone().narrow(0, rows.start, rows.len()).swap_dims(0, 1);
-        let (key_parts, value_parts) = prefix_parts(so_far.iter().map(|kv| kv.len()), &self.rows)
+        let (key_parts, value_parts) = prefix_parts(so_far.iter().map(|query| query.len()), &self.rows)
             .into_iter()
             .map(|part| match part {
-                PrefixPart::SoFar(query) => (so_far[query].keys.clone(), so_far[query].values.clone()),
+                PrefixPart::SoFar(query) => {
+                    let kv = so_far[query].layer(layer);
+                    (kv.keys, kv.values)
+                }
                 PrefixPart::PassRows(rows) => (rows_of(keys, &rows), rows_of(values, &rows)),
             })
             .unzip();
@@ -309,13 +313,14 @@ impl<B: ScoringBackend> TailRun<B> {
 
     /// Hands the queries, tails included, to the batch: each a view of the joined prefixes.
     fn finish(self, queries: &mut QueryBatch<B>) {
+        let joined: Arc<[PrefixKv<B>]> = self.joined.into();
         let extended = (self.rows.iter().enumerate())
             .map(|(query, rows)| {
                 let (start, len) = queries.span(query);
-                (!rows.is_empty()).then(|| QueryKv::views_of(&self.joined, start, len))
+                (!rows.is_empty()).then(|| QueryKv::views_of(&joined, start, len))
             })
             .collect();
-        queries.tails_ran(extended, self.joined);
+        queries.tails_ran(extended, joined);
     }
 }
 
