@@ -51,7 +51,7 @@ impl<B: Backend> QueryKv<B> {
     }
 
     /// Layer `layer`'s K/V of this query: its buffer, or a view of the query's tokens in it.
-    pub fn layer(&self, layer: usize) -> PrefixKv<B> {
+    pub(crate) fn layer(&self, layer: usize) -> PrefixKv<B> {
         let kv = &self.buffers[layer];
         if self.shares_buffers() {
             kv.tokens(self.start, self.len)
