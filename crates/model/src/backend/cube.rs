@@ -3,10 +3,8 @@
 
 use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-use burn::tensor::{ops::FloatTensor, Shape};
-use burn_fusion::stream::Operation;
-use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, FusionRuntime, FusionTensor, NoOp};
-use burn_ir::{CustomOpIr, HandleContainer, InitOperationIr, OperationIr, TensorIr};
+use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
+use burn_ir::{InitOperationIr, OperationIr};
 use tally_shaders::{add_rms_norm, chosen_matmul, norm_rope, routes_to_block, silu_mul, cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, softmax_lse, wide_product_dtype, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
 use super::stored::{Limits, StoredMatrix};
@@ -236,37 +234,20 @@ impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
     }
 
     fn add_rms_norm<const D: usize>(x: Tensor<Self, D>, delta: Option<Tensor<Self, D>>, gain: &Tensor<Self, 1>, eps: f64) -> (Tensor<Self, D>, Tensor<Self, D>) {
-        let (shape, dtype) = (x.shape(), x.dtype());
-        let has_delta = delta.is_some();
-        let inputs = [Some(primitive(x)), delta.map(primitive), Some(primitive(gain.clone()))].into_iter().flatten().collect();
-        let [sum, normed] = on_fusion_stream::<B, 2>("tally add_rms_norm", inputs, [(shape.clone(), dtype), (shape, dtype)], move |mut inputs| {
-            let gain = inner::<B, 1>(inputs.pop().expect("the gain"));
-            let delta = has_delta.then(|| inner::<B, D>(inputs.pop().expect("the delta")));
-            let (sum, normed) = B::add_rms_norm(inner::<B, D>(inputs.pop().expect("the input")), delta, &gain, eps);
-            [primitive(sum), primitive(normed)]
-        });
-        (from_fusion(sum), from_fusion(normed))
+        let client = fusion_client(&x);
+        let (sum, normed) = B::add_rms_norm(settle(x), delta.map(settle), &settle(gain.clone()), eps);
+        (into_fusion(sum, &client), into_fusion(normed, &client))
     }
 
     fn norm_rope(x: Tensor<Self, 3>, gain: Option<&Tensor<Self, 1>>, cos: &Tensor<Self, 3>, sin: &Tensor<Self, 3>, eps: f64) -> Tensor<Self, 3> {
-        let (shape, dtype) = (x.shape(), x.dtype());
-        let has_gain = gain.is_some();
-        let inputs = [Some(primitive(x)), Some(primitive(cos.clone())), Some(primitive(sin.clone())), gain.map(|gain| primitive(gain.clone()))].into_iter().flatten().collect();
-        let [out] = on_fusion_stream::<B, 1>("tally norm_rope", inputs, [(shape, dtype)], move |mut inputs| {
-            let gain = has_gain.then(|| inner::<B, 1>(inputs.pop().expect("the gain")));
-            let sin = inner::<B, 3>(inputs.pop().expect("the sines"));
-            let cos = inner::<B, 3>(inputs.pop().expect("the cosines"));
-            [primitive(B::norm_rope(inner(inputs.pop().expect("the input")), gain.as_ref(), &cos, &sin, eps))]
-        });
-        from_fusion(out)
+        let client = fusion_client(&x);
+        let gain = gain.map(|gain| settle(gain.clone()));
+        into_fusion(B::norm_rope(settle(x), gain.as_ref(), &settle(cos.clone()), &settle(sin.clone()), eps), &client)
     }
 
     fn silu_mul(gate_up: Tensor<Self, 2>) -> Tensor<Self, 2> {
-        let ([rows, width], dtype) = (gate_up.dims(), gate_up.dtype());
-        let [out] = on_fusion_stream::<B, 1>("tally silu_mul", vec![primitive(gate_up)], [(Shape::new([rows, width / 2]), dtype)], |mut inputs| {
-            [primitive(B::silu_mul(inner(inputs.pop().expect("the input"))))]
-        });
-        from_fusion(out)
+        let client = fusion_client(&gate_up);
+        into_fusion(B::silu_mul(settle(gate_up)), &client)
     }
 
     fn softmax_lse(scores: Tensor<Self, 2>, weights_dtype: DType) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
@@ -343,59 +324,6 @@ fn autotuned_matmul<B: Backend, const D: usize>(lhs: Tensor<B, D>, rhs: Tensor<B
 
 fn fusion_client<B: FusionBackend, const D: usize>(tensor: &Tensor<Fusion<B>, D>) -> GlobalFusionClient<B::FusionRuntime> {
     tensor.clone().into_primitive().tensor().client.clone()
-}
-
-/// One of the inner backend's kernels as an operation of the fusion stream: `run` gets the
-/// inputs' inner tensors on the fusion thread, in order, and returns `N` outputs of the shapes
-/// and dtypes given. Registering it does not wait; `settle`-ing each input would, for the fusion
-/// thread to drain its queue (on CUDA ~28 such waits a layer, most of the model thread's time).
-fn on_fusion_stream<B: FusionBackend, const N: usize>(
-    name: &'static str,
-    inputs: Vec<FusionTensor<B::FusionRuntime>>,
-    outputs: [(Shape, DType); N],
-    run: impl Fn(Vec<FloatTensor<B>>) -> [FloatTensor<B>; N] + Send + Sync + 'static,
-) -> [FusionTensor<B::FusionRuntime>; N] {
-    let client = inputs[0].client.clone();
-    let streams = OperationStreams::with_inputs(&inputs);
-    let outputs: Vec<TensorIr> = outputs.into_iter().map(|(shape, dtype)| TensorIr::uninit(client.create_empty_handle(), shape, dtype)).collect();
-    let inputs: Vec<TensorIr> = inputs.into_iter().map(FusionTensor::into_ir).collect();
-    let desc = CustomOpIr::new(name, &inputs, &outputs);
-    let outputs = client.register(streams, OperationIr::Custom(desc.clone()), InnerKernel::<B, N> { desc, run: Box::new(run) });
-    outputs.try_into().unwrap_or_else(|_| unreachable!("{name} registered {N} outputs"))
-}
-
-/// What [`on_fusion_stream`] registers.
-struct InnerKernel<B: FusionBackend, const N: usize> {
-    desc: CustomOpIr,
-    #[allow(clippy::type_complexity)]
-    run: Box<dyn Fn(Vec<FloatTensor<B>>) -> [FloatTensor<B>; N] + Send + Sync>,
-}
-
-impl<B: FusionBackend, const N: usize> std::fmt::Debug for InnerKernel<B, N> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InnerKernel").field("desc", &self.desc).finish()
-    }
-}
-
-impl<B: FusionBackend, const N: usize> Operation<B::FusionRuntime> for InnerKernel<B, N> {
-    fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
-        let inputs = self.desc.inputs.iter().map(|input| handles.get_float_tensor::<B>(input)).collect();
-        for (output, tensor) in self.desc.outputs.iter().zip((self.run)(inputs)) {
-            handles.register_float_tensor::<B>(&output.id, tensor);
-        }
-    }
-}
-
-fn primitive<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
-    tensor.into_primitive().tensor()
-}
-
-fn inner<B: Backend, const D: usize>(tensor: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(tensor))
-}
-
-fn from_fusion<B: FusionBackend, const D: usize>(tensor: FusionTensor<B::FusionRuntime>) -> Tensor<Fusion<B>, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(tensor))
 }
 
 /// The inner backend's tensor, after every queued operation that produces it has run.
