@@ -1,6 +1,6 @@
 //! A bounded LRU of prefilled queries, keyed by token ids, sized by device bytes.
 //!
-//! Entries may share buffers: the queries a pass ran side by side are cached as views of one
+//! Entries may share buffers: the queries a pass ran side by side are cached as windows of one
 //! buffer a layer (no copy where the pass's own prefix buffer is exactly them). Such a buffer is
 //! freed only with the last entry in it, so the cache counts each buffer whole until then.
 
@@ -92,7 +92,7 @@ impl<B: Backend> PrefixLru<B> {
         self.insert_sharing(vec![(tokens.to_vec(), prefix.compacted())]);
     }
 
-    /// Stores prefixes that are together all of the buffers they are views of (see
+    /// Stores prefixes that are together all of the buffers they are windows of (see
     /// `QueryBatch::own_copies`), none of them cached yet, evicting the least recently used to
     /// make room; none if together they are larger than the whole cache. The buffers stay
     /// counted until the last of them is evicted.

@@ -45,7 +45,7 @@ impl<B: Backend> QueryKv<B> {
 
     /// Tokens `start..start + len` of every layer of `joined`, no copy: one query of a pass
     /// that ran several end to end.
-    pub(crate) fn views_of(joined: &Arc<[PrefixKv<B>]>, start: usize, len: usize) -> Self {
+    pub(crate) fn window_of(joined: &Arc<[PrefixKv<B>]>, start: usize, len: usize) -> Self {
         assert!(joined.iter().all(|kv| start + len <= kv.len()), "tokens {start}..{} of a buffer of fewer", start + len);
         QueryKv { buffers: Arc::clone(joined), start, len }
     }
@@ -183,7 +183,7 @@ impl<B: Backend> QueryBatch<B> {
 
     /// The tails have run: `extended[q]` is query `q` whole where it had a tail, and `joined`
     /// every layer's K/V of all queries end to end (the pass that ran the tails built it; the
-    /// extended queries may be views of it).
+    /// extended queries may be windows of it).
     pub(crate) fn tails_ran(&mut self, extended: Vec<Option<QueryKv<B>>>, joined: Arc<[PrefixKv<B>]>) {
         for ((query, tail), extended) in self.queries.iter_mut().zip(&mut self.tails).zip(extended) {
             if let Some(extended) = extended {
@@ -199,7 +199,7 @@ impl<B: Backend> QueryBatch<B> {
     /// each layer's K/V of those queries end to end, copied out of the joined K/V a stretch at a
     /// time (queries next to each other there are one stretch), or the joined K/V itself where
     /// they are all of it (a batch of new queries, all to be cached: no copy). Each query comes
-    /// back as a view of the new buffers, which hold nothing else (see `PrefixLru`'s shared
+    /// back as a window of the new buffers, which hold nothing else (see `PrefixLru`'s shared
     /// entries).
     pub fn own_copies(&self, indices: &[usize]) -> Vec<QueryKv<B>> {
         let spans: Vec<(usize, usize)> = indices.iter().map(|&q| self.span(q)).collect();
@@ -226,7 +226,7 @@ impl<B: Backend> QueryBatch<B> {
                 })
                 .collect(),
         };
-        spans_end_to_end(spans.iter().map(|&(_, len)| len)).into_iter().map(|(start, len)| QueryKv::views_of(&own, start, len)).collect()
+        spans_end_to_end(spans.iter().map(|&(_, len)| len)).into_iter().map(|(start, len)| QueryKv::window_of(&own, start, len)).collect()
     }
 
     /// Every query end to end, a buffer a layer. Queries lying side by side in one buffer (a
@@ -342,7 +342,7 @@ mod tests {
     #[test]
     fn a_query_of_a_pass_is_a_window_of_its_buffers_until_compacted() {
         let joined: Arc<[PrefixKv<B>]> = query(1, 5).buffers;
-        let window = QueryKv::views_of(&joined, 1, 3);
+        let window = QueryKv::window_of(&joined, 1, 3);
         let tokens = |query: &QueryKv<B>, layer: usize| host(&query.layer(layer).keys);
         let expected = |layer: usize, from: usize, to: usize| (from..to).flat_map(|t| (0..2).map(move |d| (1000 + layer * 100 + t * 10 + d) as f32)).collect::<Vec<_>>();
         assert_eq!((tokens(&window, 1), window.len()), (expected(1, 1, 4), 3));
@@ -354,7 +354,7 @@ mod tests {
         let own = beginning.compacted();
         assert!(!own.shares_buffers() && !Arc::ptr_eq(&own.buffers, &joined));
         assert_eq!((tokens(&own, 0), tokens(&own, 1), own.size_bytes()), (expected(0, 1, 3), expected(1, 1, 3), 2 * 2 * 2 * 2 * 4));
-        let whole = QueryKv::views_of(&joined, 0, 5);
+        let whole = QueryKv::window_of(&joined, 0, 5);
         assert!(!whole.shares_buffers(), "a window of all of its buffers is the buffers");
     }
 

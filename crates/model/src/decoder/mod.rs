@@ -273,7 +273,7 @@ type LayerPrefix<'a, B> = dyn FnMut(usize, &Tensor<B, 3>, &Tensor<B, 3>) -> Pref
 
 /// The tails of a [`QueryBatch`] as one pass runs them: each layer's prefix is every query,
 /// whole, end to end — its K/V so far, then its tail's K/V from the pass's rows — copied into one
-/// buffer, and each query with a tail is then a view of that buffer. A layer's prefix is one
+/// buffer, and each query with a tail is then a window of that buffer. A layer's prefix is one
 /// copy per part, not per query: tails of queries with nothing run so far sit next to each other
 /// in the pass, so a batch of new queries (the load of many short prompts) joins each layer's
 /// prefix with a single copy of its K and one of its V.
@@ -311,13 +311,13 @@ impl<B: ScoringBackend> TailRun<B> {
         joined
     }
 
-    /// Hands the queries, tails included, to the batch: each a view of the joined prefixes.
+    /// Hands the queries, tails included, to the batch: each a window of the joined prefixes.
     fn finish(self, queries: &mut QueryBatch<B>) {
         let joined: Arc<[PrefixKv<B>]> = self.joined.into();
         let extended = (self.rows.iter().enumerate())
             .map(|(query, rows)| {
                 let (start, len) = queries.span(query);
-                (!rows.is_empty()).then(|| QueryKv::views_of(&joined, start, len))
+                (!rows.is_empty()).then(|| QueryKv::window_of(&joined, start, len))
             })
             .collect();
         queries.tails_ran(extended, joined);
