@@ -130,6 +130,62 @@ fn the_ncu_table_groups_launches_by_kernel_and_weights_by_duration() {
     assert!(!out.status.success(), "a report with no launches is a failed stage");
 }
 
+/// `benches/gpu/ncu_source.py` on a source page as ncu exports it (the kernel's name row, a `#`
+/// column, absolute addresses, per-reason columns and their not-issued twins, a shared-memory
+/// excess column): the key loop found by its backward branch (the branch to itself after
+/// `EXIT` is no loop), samples split before, in and after it and by kind of instruction inside
+/// it, the hottest instruction named with its reasons, the bank conflicts counted.
+#[test]
+fn the_source_report_splits_a_kernels_samples_by_region_kind_and_instruction() {
+    let base = 0x7f00_0000_1000u64;
+    let header = r##""#","Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","Instructions Executed","L1 Wavefronts Shared Excessive","stall_long_sb","stall_wait","stall_selected","stall_long_sb (Not Issued)","stall_wait (Not Issued)","stall_selected (Not Issued)""##;
+    // (offset, instruction, long_sb, wait, selected, executed, excess): samples = the reasons' sum.
+    let program: [(u64, String, u32, u32, u32, u32, u32); 8] = [
+        (0x00, "S2R R0, SR_TID.X".into(), 10, 0, 2, 4, 0),
+        (0x10, "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR10], R35".into(), 300, 0, 10, 40, 0),
+        (0x20, "LDSM.16.M88.4 R4, [R2+0x400]".into(), 0, 20, 10, 40, 12),
+        (0x30, "HMMA.16816.F32.BF16 R8, R4, R6, R8".into(), 0, 120, 40, 40, 0),
+        (0x40, "MUFU.EX2 R12, R12".into(), 0, 60, 20, 40, 0),
+        (0x50, format!("@P0 BRA {:#x}", base + 0x10), 0, 5, 5, 40, 0),
+        (0x60, "EXIT".into(), 0, 0, 3, 4, 0),
+        (0x70, format!("BRA {:#x}", base + 0x70), 0, 0, 0, 0, 0),
+    ];
+    // Sampled, or as a page reads whose SourceCounters section was left out: every count 0.
+    let page = |sampled: bool| {
+        let mut lines = vec![r#""Kernel Name","flash_attention_kernel_f_bf16_n_8_w_4""#.to_owned(), header.to_owned()];
+        for (n, (offset, text, long_sb, wait, selected, executed, excess)) in program.iter().enumerate() {
+            let counts = [long_sb + wait + selected, long_sb + wait, *executed, *excess, *long_sb, *wait, *selected, *long_sb, *wait, 0];
+            let counts: Vec<String> = counts.iter().map(|count| format!(r#""{}""#, if sampled { *count } else { 0 })).collect();
+            lines.push(format!(r#""{n}","{:#x}","      {text} ",{}"#, base + offset, counts.join(",")));
+        }
+        lines.join("\n")
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("source.csv");
+    std::fs::write(&csv, page(true)).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/gpu/ncu_source.py");
+    let out = std::process::Command::new("python3").arg(script).arg(&csv).args(["--kernel", "attention", "--top", "2"]).output().expect("python3 runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = String::from_utf8(out.stdout).unwrap();
+    // 605 samples in all, 90 of them issued (selected).
+    assert!(report.contains("8 SASS instructions, 605 warp samples (85.1 % not issued)"), "{report}");
+    assert!(report.contains("| long_sb | 310 | 51.2 % |"), "{report}");
+    // The loop is 0x10..0x50: 595 samples; 12 before it (S2R), 3 after (EXIT).
+    assert!(report.contains("| before the key loop | 1 | 12 | 2.0 % | 4 | long_sb 83.3 %, selected 16.7 % |"), "{report}");
+    assert!(report.contains("| the key loop (0x10..0x50, its backward branch) | 5 | 590 | 97.5 % | 200 |"), "{report}");
+    assert!(report.contains("| after the key loop | 2 | 3 | 0.5 % | 4 | selected 100.0 % |"), "{report}");
+    assert!(report.contains("| tensor cores | 1 | 160 | 26.4 % | 40 | 4.000 | wait 75.0 %, selected 25.0 % |"), "{report}");
+    assert!(report.contains("| barrier | 1 | 310 | 51.2 % | 40 | 7.750 | long_sb 96.8 %, selected 3.2 % |"), "{report}");
+    assert!(report.contains("| 0x10 | `SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR10], R35` | 310 | 51.2 % | 40 | long_sb 96.8 %, selected 3.2 % |"), "{report}");
+    assert!(report.contains("excess wavefronts (bank conflicts): LDSM 12."), "{report}");
+
+    // A page whose kernel was never sampled is a failed stage.
+    std::fs::write(&csv, page(false)).unwrap();
+    let out = std::process::Command::new("python3").arg(script).arg(&csv).output().expect("python3 runs");
+    assert!(!out.status.success(), "a page with no samples is a failed stage");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no warp samples"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// `benches/gpu/profile_table.py` on CubeCL's profile log (kernel names holding `|`, the last
 /// table the one read), `bench scenario`'s cuBLASLt table and an unprofiled warm request's JSON:
 /// the kernels' and GEMMs' sum against the request's wall time, and a clear line where that

@@ -238,6 +238,8 @@ profile_stage() {
 # $ncu_launches launches there (the first layers; every layer runs the same kernels) with the
 # speed-of-light, occupancy, launch, warp-state and scheduler sections, plus DRAM bytes per second
 # and the tensor pipes' busy share where this ncu knows those metrics. Clocks are left alone (METHOD.md). The table: ncu-*.md.
+# Then the first attention launch alone with warp sampling, a report per SASS instruction:
+# ncu-*-attention-sass.{csv,md}.
 ncu_launches=${TALLY_SUITE_NCU_LAUNCHES:-80}
 ncu_stage() {
     make_model || return 1
@@ -256,7 +258,7 @@ ncu_stage() {
         --attention $attention $(matmul_flags $matmul) "${tile_flags[@]}" "${variant_args[@]}" --cuda-profiler-range)
     if [ "$dry" = 1 ]; then
         # The rehearsal has no ncu and no CUDA: the scenario must refuse the range clearly.
-        echo "ncu: not in the rehearsal; checking that a run without CUDA refuses --cuda-profiler-range"
+        echo "ncu: not in the rehearsal (its source report's script is tested in tests/bench_tools.rs); checking that a run without CUDA refuses --cuda-profiler-range"
         if "${scenario[@]}" >"$out/$name.stdout" 2>&1; then echo "it ran without CUDA"; return 1; fi
         grep "needs --backend cuda" "$out/$name.stdout"
         return
@@ -285,7 +287,23 @@ ncu_stage() {
     # warps stall, and why, from WarpStateStats and SchedulerStats).
     "$ncu" --import $bin/$name.ncu-rep --page details --kernel-name regex:attention >"$out/$name-attention.txt" || true
     python3 benches/gpu/ncu_table.py "$out/$name.csv" --title "ncu: S1 item pass, first $ncu_launches launches, $gpu $dtype, $attention attention${TALLY_SUITE_NCU_VARIANT:+ ($TALLY_SUITE_NCU_VARIANT)}, $matmul matmuls" \
-        --out "$out/$name.md" && return $status
+        --out "$out/$name.md" || return 1
+    # Where the attention kernel's warps wait, instruction by instruction: ncu's warp samples
+    # (SourceCounters) on the range's first attention launch, exported as the source page's
+    # CSV (one row a SASS instruction: samples by stall reason, executions, bank conflicts),
+    # and ncu_source.py's report of it: before, in and after the key loop, by kind of
+    # instruction, the hottest instructions. A second process (its cold request again), ~40 s.
+    timeout ${TALLY_SUITE_NCU_SECONDS:-300} "$ncu" --profile-from-start off --clock-control none --kernel-name regex:attention --launch-count 1 \
+        --section SourceCounters --section WarpStateStats -f -o $bin/$name-source \
+        "${scenario[@]}" >"$out/$name-source.stdout" 2>&1
+    tail -3 "$out/$name-source.stdout"
+    [ -f $bin/$name-source.ncu-rep ] || { echo "ncu (source counters) wrote no report"; return 1; }
+    "$ncu" --import $bin/$name-source.ncu-rep --page source --csv --print-source sass >"$out/$name-attention-sass.csv" || return 1
+    python3 benches/gpu/ncu_source.py "$out/$name-attention-sass.csv" --kernel attention \
+        --title "ncu warp samples: S1's first attention launch, $gpu $dtype${TALLY_SUITE_NCU_VARIANT:+ ($TALLY_SUITE_NCU_VARIANT)}" \
+        --out "$out/$name-attention-sass.md" >/dev/null || return 1
+    head -40 "$out/$name-attention-sass.md"
+    return $status
 }
 
 # The kernel tests on CUDA (built by prepare.sh): each kernel alone against the plain path, then
