@@ -1,7 +1,9 @@
 //! What `tally serve --backend cuda` launches, counted without a GPU on the offline CUDA runtime
 //! (`common/offline_cuda.rs`: an H100's properties, CubeCL's CUDA compiler, launches counted and
 //! compiled instead of run), through the engine as the server runs it: Qwen3-0.6B's shape in
-//! bfloat16 through Burn's fusion, passes of up to 32,768 tokens (what an H100's memory gives).
+//! bfloat16, passes of up to 32,768 tokens (what an H100's memory gives), each route on the
+//! backend the server picks for it (`--fusion auto`): straight to CubeCL where the elementwise
+//! steps are tally's kernels, through Burn's fusion where they are Burn's ops.
 //!
 //! - **Nothing compiles after the warm-up.** On the GPU a kernel's first launch is an NVRTC
 //!   compile (unless the PTX cache has it) and a matmul's first shape class an autotune, in the
@@ -17,7 +19,8 @@
 //! - **The launch census of one warm S1 request**: launches per request by kernel type (one
 //!   pass: the query's new 20-token suffix runs as rows of the item pass), and the host's time to issue them (Burn's fusion
 //!   and CubeCL's launch path, without the driver's ~2–4 µs a launch): where the host, not the
-//!   GPU, would bound a request. The time is an upper bound on a host of few cores, where
+//!   GPU, would bound a request; the flash route also through Burn's fusion (`--fusion on`),
+//!   whose host time it costs. The time is an upper bound on a host of few cores, where
 //!   CubeCL's device threads and the caller wait for each other spinning. Printed; with
 //!   `TALLY_CUDA_LAUNCHES_REPORT=FILE` also written as JSON (committed as
 //!   `benches/results/cuda-launches-s1.json`).
@@ -40,10 +43,18 @@ use half::bf16;
 use offline_cuda::{Counts, OfflineCuda, OfflineDevice};
 use tally_core::{ModelLimits, PassBudget, ScoreInput};
 use tally_engine::{Scorer, ScorerOptions};
-use tally_model::{AttentionRoute, ElementwiseRoute, LabelRoute, Routes, TileShape};
+use tally_model::{AttentionRoute, ElementwiseRoute, LabelRoute, Routes, ScoringBackend, TileShape};
 
-/// What `tally serve --backend cuda` runs in bfloat16, on offline device `ID`.
-type Served<const ID: u16> = Fusion<CubeBackend<OfflineCuda<ID>, bf16, i32, u8>>;
+/// What `tally serve --backend cuda` runs in bfloat16 on offline device `ID` with tally's
+/// elementwise kernels (`--fusion auto`: off)...
+type Unfused<const ID: u16> = CubeBackend<OfflineCuda<ID>, bf16, i32, u8>;
+/// ...and with Burn's elementwise ops, or `--fusion on`.
+type Fused<const ID: u16> = Fusion<Unfused<ID>>;
+
+/// Whether the server runs `routes` through Burn's fusion (`--fusion auto`).
+fn served_fused(routes: Routes) -> bool {
+    routes.elementwise == ElementwiseRoute::Burn
+}
 
 /// The largest pass the server takes from an H100's free memory (`MAX_DEVICE_PASS_TOKENS`).
 const PASS_TOKENS: usize = tally_core::plan::MAX_DEVICE_PASS_TOKENS;
@@ -68,8 +79,9 @@ fn other_routes() -> [(&'static str, Routes); 2] {
 /// and item lengths), so new requests compile new ones, as CubeK's matmuls do.
 const CASCADE: (&str, Routes) = ("cascade attention, burn elementwise", Routes { attention: AttentionRoute::Cascade, elementwise: ElementwiseRoute::Burn, labels: LabelRoute::Kernel });
 
-/// The server's scorer on a fresh offline device `ID` (nothing compiled, nothing tuned).
-fn scorer<const ID: u16>(layers: usize) -> Scorer<Served<ID>> {
+/// The server's scorer on backend `B` over offline device `ID` (fresh: nothing compiled, nothing
+/// tuned, unless another scorer used that device first).
+fn scorer<B: ScoringBackend<Device = OfflineDevice<ID>>, const ID: u16>(layers: usize) -> Scorer<B> {
     let mut config = tally_model::presets::preset("qwen3-0.6b").expect("a preset");
     config.num_hidden_layers = layers;
     let opened = tally_model::random::random_model(&config, 0).expect("random weights");
@@ -140,26 +152,35 @@ fn compiles(counts: &Counts) -> (Vec<(&'static str, u64)>, Vec<(&'static str, u6
 /// After the warm-up, the traffic compiles nothing but kernels sized by exact shape, on each
 /// route but the cascade (counted only).
 fn nothing_compiles_after_the_warm_up() {
-    let mut scorer = scorer::<1>(3);
-    let limits = scorer.preparer().limits();
+    let mut fused = scorer::<Fused<1>, 1>(3);
+    let mut unfused = scorer::<Unfused<1>, 1>(3);
     for (name, routes) in routes().into_iter().chain(other_routes()).chain([CASCADE]) {
-        let held_to_it = routes != CASCADE.1;
-        scorer.set_routes(routes);
-        let steps = scorer.warmup_steps();
-        assert!(!steps.is_empty(), "a CubeCL backend warms up");
-        scorer.warm_up(&steps, &mut |_, _, _| {}).expect("the warm-up runs");
-        for (what, batch) in traffic(limits) {
-            let before = offline_cuda::counts();
-            scorer.score_batch(&batch.iter().collect::<Vec<_>>()).expect("the batch is scored");
-            let new = offline_cuda::counts().since(&before);
-            assert!(new.total_launches() > 0, "{name}, {what}: nothing launched");
-            let (sized, others) = compiles(&new);
-            assert!(others.is_empty() || !held_to_it, "{name}, {what}: compiled after the warm-up (on the GPU: NVRTC in the request's latency):\n{}", describe(&others));
-            let count = |compiles: &[(&str, u64)]| compiles.iter().map(|c| c.1).sum::<u64>();
-            println!("{name}, {what}: {} launches; compiled {} kernels sized by exact shape (CubeK's matmuls, none on --matmul cublas; Burn's reductions) and {} others", new.total_launches(), count(&sized), count(&others));
+        if served_fused(routes) {
+            compiles_nothing_after_the_warm_up(&mut fused, name, routes);
+        } else {
+            compiles_nothing_after_the_warm_up(&mut unfused, name, routes);
         }
     }
     assert!(offline_cuda::failed().is_empty(), "launches CubeCL could not generate or CUDA would refuse:\n{}", offline_cuda::failed().join("\n\n"));
+}
+
+fn compiles_nothing_after_the_warm_up<B: ScoringBackend>(scorer: &mut Scorer<B>, name: &str, routes: Routes) {
+    let limits = scorer.preparer().limits();
+    let held_to_it = routes != CASCADE.1;
+    scorer.set_routes(routes);
+    let steps = scorer.warmup_steps();
+    assert!(!steps.is_empty(), "a CubeCL backend warms up");
+    scorer.warm_up(&steps, &mut |_, _, _| {}).expect("the warm-up runs");
+    for (what, batch) in traffic(limits) {
+        let before = offline_cuda::counts();
+        scorer.score_batch(&batch.iter().collect::<Vec<_>>()).expect("the batch is scored");
+        let new = offline_cuda::counts().since(&before);
+        assert!(new.total_launches() > 0, "{name}, {what}: nothing launched");
+        let (sized, others) = compiles(&new);
+        assert!(others.is_empty() || !held_to_it, "{name}, {what}: compiled after the warm-up (on the GPU: NVRTC in the request's latency):\n{}", describe(&others));
+        let count = |compiles: &[(&str, u64)]| compiles.iter().map(|c| c.1).sum::<u64>();
+        println!("{name}, {what}: {} launches; compiled {} kernels sized by exact shape (CubeK's matmuls, none on --matmul cublas; Burn's reductions) and {} others", new.total_launches(), count(&sized), count(&others));
+    }
 }
 
 /// What the warm-up compiles from cold on the two routes of [`routes`], each on a device of its
@@ -168,8 +189,8 @@ fn nothing_compiles_after_the_warm_up() {
 /// start the issue wants under 60 s.
 fn what_the_warm_up_compiles_from_cold() {
     let [default, flash] = routes();
-    let default = warm_up_compiles::<2>(default);
-    let flash = warm_up_compiles::<3>(flash);
+    let default = warm_up_compiles(scorer::<Fused<2>, 2>(3), default);
+    let flash = warm_up_compiles(scorer::<Unfused<3>, 3>(3), flash);
     // The flash route's layers are tally's kernels where the default's are Burn's fused
     // elementwise ops and reductions, each compiled per fusion trace and size class.
     assert!(flash.burn < default.burn, "the flash and elementwise kernels route compiles fewer of Burn's kernels in its warm-up: {flash:?} against {default:?}");
@@ -187,8 +208,7 @@ struct WarmUpCompiles {
     burn_reductions: u64,
 }
 
-fn warm_up_compiles<const ID: u16>((name, routes): (&str, Routes)) -> WarmUpCompiles {
-    let mut scorer = scorer::<ID>(3);
+fn warm_up_compiles<B: ScoringBackend>(mut scorer: Scorer<B>, (name, routes): (&str, Routes)) -> WarmUpCompiles {
     scorer.set_routes(routes);
     let steps = scorer.warmup_steps();
     let before = offline_cuda::counts();
@@ -223,52 +243,22 @@ fn short_name(kernel: &str) -> String {
 }
 
 /// The launches of one warm S1 request on Qwen3-0.6B's 28 layers, by kernel type, and the host
-/// time to issue them.
+/// time to issue them: each route on the backend the server runs it on, and the flash route
+/// through Burn's fusion too (`--fusion on`).
 fn the_launch_census_of_a_warm_s1_request() {
-    let mut scorer = scorer::<1>(28);
-    let limits = scorer.preparer().limits();
-    let mut report = Vec::new();
-    for (name, routes) in routes() {
-        scorer.set_routes(routes);
-        // A cold request compiles and tunes, a second warms the prefix cache's hit path; the
-        // third and later are timed.
-        for seed in 0..2 {
-            scorer.score_batch(&[&s1(limits, seed)]).expect("S1 is scored");
-        }
-        let mut seconds = Vec::new();
-        let before = offline_cuda::counts();
-        const TIMED: usize = 3;
-        for seed in 0..TIMED {
-            let request = s1(limits, 10 + seed);
-            let start = Instant::now();
-            scorer.score_batch(&[&request]).expect("S1 is scored");
-            seconds.push(start.elapsed().as_secs_f64());
-        }
-        let counts = offline_cuda::counts().since(&before);
-        assert!(counts.compiles.is_empty(), "{name}: warm S1 requests compiled:\n{}", describe(&counts.compiles.iter().map(|(&k, &n)| (k, n)).collect::<Vec<_>>()));
-        seconds.sort_by(f64::total_cmp);
-        let host_ms = seconds[TIMED / 2] * 1e3;
-        let per_request = |n: u64| n / TIMED as u64;
-        let launches = per_request(counts.total_launches());
-        assert_eq!(counts.total_launches() % TIMED as u64, 0, "{name}: every S1 request launches the same kernels");
-        println!("\n{name}: {launches} launches a warm S1 request, issued in {host_ms:.1} ms of host time (median of {TIMED})");
-        let mut kernels: Vec<(&str, u64)> = counts.launches.iter().map(|(&k, &n)| (k, per_request(n))).collect();
-        kernels.sort_by_key(|&(kernel, n)| (std::cmp::Reverse(n), kernel));
-        for (kernel, n) in &kernels {
-            println!("{n:>6}  {kernel}");
-        }
-        report.push(serde_json::json!({
-            "routes": name,
-            "launches_per_request": launches,
-            "host_ms_per_request": host_ms,
-            "launches_by_kernel": kernels.iter().map(|&(kernel, n)| serde_json::json!({"kernel": kernel, "launches": n})).collect::<Vec<_>>(),
-        }));
-    }
+    let [default, flash] = routes();
+    let report = vec![
+        s1_census(&mut scorer::<Fused<1>, 1>(28), default, true),
+        s1_census(&mut scorer::<Unfused<5>, 5>(28), flash, false),
+        s1_census(&mut scorer::<Fused<6>, 6>(28), flash, true),
+    ];
+    let host_ms = |run: &serde_json::Value| run["host_ms_per_request"].as_f64().expect("timed");
+    println!("\nflash attention, elementwise kernels: {:.1} ms of host time a warm S1 request unfused (the server's default), {:.1} ms through Burn's fusion", host_ms(&report[1]), host_ms(&report[2]));
     if let Some(path) = std::env::var_os("TALLY_CUDA_LAUNCHES_REPORT") {
         let json = serde_json::json!({
             "benchmark": "cuda-launches",
             "what": "one warm S1 request (2,000 of its 2,020 query tokens from the prefix cache, the 20-token suffix run as rows of the one item pass with the 500 items of 20 tokens) through the engine on the offline CUDA runtime: launches by kernel type and the host's time to issue them, without the driver's launch cost",
-            "model": "qwen3-0.6b shape, 28 layers, bfloat16, through Burn's fusion, --matmul cubecl",
+            "model": "qwen3-0.6b shape, 28 layers, bfloat16, --matmul cubecl; each route unfused or through Burn's fusion as `fused` says",
             "host": std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| info.lines().find_map(|l| l.strip_prefix("model name")?.split(':').nth(1).map(|s| s.trim().to_owned()))),
             "host_cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
             "host_time_caveat": "the caller's thread and CubeCL's two device threads, which wait for each other spinning (ChannelDeviceHandle::submit_inner), share the host's cores: on a 2-core machine the spinning takes much of the time, so host_ms is an upper bound, not a prediction for the GPU machine's 16 cores; the launch counts do not depend on the host",
@@ -278,6 +268,48 @@ fn the_launch_census_of_a_warm_s1_request() {
     }
 }
 
+/// One route's S1 census on `scorer`'s backend (`fused`: whether that is Burn's fusion), as the
+/// report's JSON.
+fn s1_census<B: ScoringBackend>(scorer: &mut Scorer<B>, (name, routes): (&str, Routes), fused: bool) -> serde_json::Value {
+    let limits = scorer.preparer().limits();
+    scorer.set_routes(routes);
+    let name = format!("{name}{}", if fused { ", through Burn's fusion" } else { ", unfused" });
+    // A cold request compiles and tunes, a second warms the prefix cache's hit path; the
+    // third and later are timed.
+    for seed in 0..2 {
+        scorer.score_batch(&[&s1(limits, seed)]).expect("S1 is scored");
+    }
+    let mut seconds = Vec::new();
+    let before = offline_cuda::counts();
+    const TIMED: usize = 3;
+    for seed in 0..TIMED {
+        let request = s1(limits, 10 + seed);
+        let start = Instant::now();
+        scorer.score_batch(&[&request]).expect("S1 is scored");
+        seconds.push(start.elapsed().as_secs_f64());
+    }
+    let counts = offline_cuda::counts().since(&before);
+    assert!(counts.compiles.is_empty(), "{name}: warm S1 requests compiled:\n{}", describe(&counts.compiles.iter().map(|(&k, &n)| (k, n)).collect::<Vec<_>>()));
+    seconds.sort_by(f64::total_cmp);
+    let host_ms = seconds[TIMED / 2] * 1e3;
+    let per_request = |n: u64| n / TIMED as u64;
+    let launches = per_request(counts.total_launches());
+    assert_eq!(counts.total_launches() % TIMED as u64, 0, "{name}: every S1 request launches the same kernels");
+    println!("\n{name}: {launches} launches a warm S1 request, issued in {host_ms:.1} ms of host time (median of {TIMED})");
+    let mut kernels: Vec<(&str, u64)> = counts.launches.iter().map(|(&k, &n)| (k, per_request(n))).collect();
+    kernels.sort_by_key(|&(kernel, n)| (std::cmp::Reverse(n), kernel));
+    for (kernel, n) in &kernels {
+        println!("{n:>6}  {kernel}");
+    }
+    serde_json::json!({
+        "routes": name,
+        "fused": fused,
+        "launches_per_request": launches,
+        "host_ms_per_request": host_ms,
+        "launches_by_kernel": kernels.iter().map(|&(kernel, n)| serde_json::json!({"kernel": kernel, "launches": n})).collect::<Vec<_>>(),
+    })
+}
+
 /// Batches of the load benchmark's requests (SGLang PR 9748's shape: a new 300-token query and
 /// 10 items of 20 tokens each), at 1 to 64 requests a batch (64 fill one pass): launches by
 /// kernel type and host time, per batch. What a request adds is the slope between sizes: the
@@ -285,7 +317,7 @@ fn the_launch_census_of_a_warm_s1_request() {
 /// would rather run one pass of many.
 fn the_launch_census_of_load_batches() {
     const SIZES: [usize; 4] = [1, 8, 32, 64];
-    let mut scorer = scorer::<4>(28);
+    let mut scorer = scorer::<Unfused<4>, 4>(28);
     let limits = scorer.preparer().limits();
     let (name, routes) = routes()[1];
     scorer.set_routes(routes);
@@ -318,7 +350,7 @@ fn the_launch_census_of_load_batches() {
         let json = serde_json::json!({
             "benchmark": "cuda-launches-load",
             "what": "warm batches of the load benchmark's requests (a new 300-token query, 10 items of 20 tokens) through the engine on the offline CUDA runtime: launches by kernel type and the host's time to issue them, without the driver's launch cost; launches_added_per_request is the slope from the smallest batch to the largest",
-            "model": "qwen3-0.6b shape, 28 layers, bfloat16, through Burn's fusion, --matmul cubecl, prefix cache of 1 GiB",
+            "model": "qwen3-0.6b shape, 28 layers, bfloat16, unfused (the server's default with tally's elementwise kernels), --matmul cubecl, prefix cache of 1 GiB",
             "routes": name,
             "host_cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
             "host_time_caveat": "as in cuda-launches-s1.json: an upper bound on a 2-core host; the launch counts do not depend on the host",

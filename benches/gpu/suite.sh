@@ -160,13 +160,16 @@ make_model() { [ -f $model/config.json ] || "$cuda" make-model --preset $preset 
 # split into passes of the old fixed budget (8,192 tokens: two passes), to see what one pass buys,
 # and S1 with Burn's fused elementwise ops in place of tally's kernels (CUDA's default).
 # TALLY_SUITE_SCENARIO_EXTRAS names which of the comparisons run (default all: split,
-# elementwise-burn, cublas-sync, cublas-algos, cascade); a lease that measured them once can spend
+# elementwise-burn, fusion, cublas-sync, cublas-algos, cascade); a lease that measured them once can spend
 # the time elsewhere. cublas-algos: each GEMM shape class's algorithm the fastest of cuBLASLt's
 # first 8 heuristic picks, timed (the search's table goes to the log and to a .stdout beside the
 # JSON). cascade: S1 on the cascade (its GEMMs on the matmul route, its softmax tally's kernel,
 # its scores float32 on cuBLASLt), where TALLY_SUITE_ATTENTIONS does not run it already; its
 # GEMM table (the cascade's batched score and weight GEMMs by shape) to a .stdout likewise.
-scenario_extras=${TALLY_SUITE_SCENARIO_EXTRAS-split elementwise-burn cublas-sync cublas-algos cascade}
+# fusion: S1 and S2 through Burn's fusion layer (`--fusion on`, CUDA's only path before session
+# 41), against the defaults' unfused backend (the host's time a request, 3-8 ms against 20-50 on
+# the offline runtime: what it buys where the host bounds a request, S2 most likely).
+scenario_extras=${TALLY_SUITE_SCENARIO_EXTRAS-split elementwise-burn fusion cublas-sync cublas-algos cascade}
 has_extra() { [[ " $scenario_extras " == *" $1 "* ]]; }
 scenario_stage() {
     make_model || return 1
@@ -187,6 +190,13 @@ scenario_stage() {
             has_extra elementwise-burn && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --elementwise burn \
                 --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-elementwise-burn.json" || ok=1; }
+            if has_extra fusion; then
+                for s in $scenarios; do
+                    "$cuda" bench scenario --model $model --scenario $s --items $items --requests $requests --backend $gpu --dtype $dtype \
+                        --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --fusion on \
+                        --out "$out/scenario-$s-$gpu-$dtype-$first_attention-$matmul-fused.json" || ok=1
+                done
+            fi
             # The flash kernel's variants (cp.async, 32 rows a warp) against its default.
             if [ "$first_attention" = flash ]; then
                 for variant in $flash_variants; do

@@ -132,6 +132,7 @@ pub fn run<B: ScoringBackend>(args: &AttentionArgs, device: B::Device, runs_on: 
         "dense_masked_ms": dense_ms,
         "tile": tile.to_string(),
         "flush_denormals": runs_on.flush_denormals,
+        "fused": runs_on.fused,
         "useful_tflop": flop / 1e12,
         "dense_masked_tflops_useful": tflops(dense_ms),
         // What the backend runs for each route asked (the CPU runs its one kernel for both),

@@ -129,11 +129,12 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
     warm.sort_by(f64::total_cmp);
     let warm_median = warm.get(warm.len() / 2).copied();
     println!(
-        "scenario {:?}: {} items/request × {item_tokens} tokens, query {} tokens ({static_tokens} static) | backend {} | {} attention, {} matmuls, {} elementwise | {}",
+        "scenario {:?}: {} items/request × {item_tokens} tokens, query {} tokens ({static_tokens} static) | backend {}{} | {} attention, {} matmuls, {} elementwise | {}",
         args.scenario,
         args.items,
         static_tokens + suffix_tokens,
         runs_on.backend,
+        if runs_on.fused { ", fused" } else { "" },
         runs_on.attention,
         runs_on.matmul,
         runs_on.elementwise,
@@ -157,6 +158,7 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
         "elementwise": runs_on.elementwise,
         "tile": runs_on.tile,
         "flush_denormals": runs_on.flush_denormals,
+        "fused": runs_on.fused,
         "max_batch_tokens": scorer.max_pass_tokens(),
         "dtype": runs_on.dtype,
         "device": runs_on.device,

@@ -79,6 +79,21 @@ impl From<Elementwise> for tally_model::ElementwiseRoute {
     }
 }
 
+/// Whether Burn's fusion layer sits between the model and CubeCL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Fusion {
+    /// Off on CUDA where the layers' elementwise steps are tally's kernels (`--elementwise
+    /// kernels`, CUDA's default): on the offline CUDA runtime one warm S1 request then takes
+    /// 3–8 ms of host time against 20–50 ms through fusion, for the same launches
+    /// (`tests/cuda_launches.rs`); on with Burn's elementwise ops, which it merges, and on wgpu.
+    Auto,
+    /// Burn's fusion layer: ops queued on its thread and merged where they can be; tally's
+    /// kernels and cuBLASLt wait for it to resolve their inputs.
+    On,
+    /// CUDA only: Burn's ops straight to CubeCL, one launch each.
+    Off,
+}
+
 /// Which kernel or library multiplies (`tally_model::MatmulRoute`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Matmul {
@@ -161,6 +176,8 @@ pub struct DeviceArgs {
     pub cascade_scores: CascadeScores,
     #[arg(long, value_enum, default_value_t = Elementwise::Auto)]
     pub elementwise: Elementwise,
+    #[arg(long, value_enum, default_value_t = Fusion::Auto)]
+    pub fusion: Fusion,
     #[arg(long, value_enum, default_value_t = Weights::Compact)]
     pub weights: Weights,
     /// Query rows a cube of `--attention tiled|flash` takes (16 per plane of 32 units; default
@@ -293,6 +310,17 @@ impl DeviceArgs {
         }
     }
 
+    /// `--fusion`, `auto` resolved for the backend and the elementwise route: whether the
+    /// model runs through Burn's fusion layer.
+    pub fn fused(&self) -> bool {
+        match (self.fusion, self.backend) {
+            (Fusion::On, _) => true,
+            (Fusion::Off, _) => false,
+            (Fusion::Auto, BackendKind::Cuda) => self.elementwise() == Elementwise::Burn,
+            (Fusion::Auto, BackendKind::Wgpu | BackendKind::Cpu) => true,
+        }
+    }
+
     /// `--matmul`, `auto` resolved for the backend (and, on CUDA, for whether cuBLASLt loads).
     pub fn matmul(&self) -> Matmul {
         match (self.matmul, self.backend) {
@@ -353,15 +381,23 @@ pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output>
         #[cfg(feature = "cuda")]
         tally_model::cuda::set_flush_denormals(true);
     }
+    // wgpu keeps fusion: its default elementwise route is Burn's ops, which fusion merges, and
+    // an unfused wgpu would compile the whole engine once more in every build.
+    anyhow::ensure!(device.fused() || backend == BackendKind::Cuda, "--fusion off needs --backend cuda (wgpu runs through Burn's fusion)");
+    anyhow::ensure!(device.fusion == Fusion::Auto || backend != BackendKind::Cpu, "--fusion applies to the GPU backends: the CPU backend has no fusion layer");
     match (backend, dtype) {
         #[cfg(feature = "ndarray")]
         (BackendKind::Cpu, DType::Float32) => job.run::<burn::backend::NdArray<f32>>(Default::default()),
         #[cfg(feature = "wgpu")]
         (BackendKind::Wgpu, DType::Float32) => on_gpu(backend, || job.run::<burn::backend::Wgpu<f32>>(Default::default())),
         #[cfg(feature = "cuda")]
-        (BackendKind::Cuda, DType::Float32) => on_gpu(backend, || job.run::<burn::backend::Cuda<f32>>(Default::default())),
+        (BackendKind::Cuda, DType::Float32) if device.fused() => on_gpu(backend, || job.run::<burn::backend::Cuda<f32>>(Default::default())),
         #[cfg(feature = "cuda")]
-        (BackendKind::Cuda, DType::Bfloat16) => on_gpu(backend, || job.run::<burn::backend::Cuda<half::bf16>>(Default::default())),
+        (BackendKind::Cuda, DType::Float32) => on_gpu(backend, || job.run::<tally_model::cuda::Unfused<f32>>(Default::default())),
+        #[cfg(feature = "cuda")]
+        (BackendKind::Cuda, DType::Bfloat16) if device.fused() => on_gpu(backend, || job.run::<burn::backend::Cuda<half::bf16>>(Default::default())),
+        #[cfg(feature = "cuda")]
+        (BackendKind::Cuda, DType::Bfloat16) => on_gpu(backend, || job.run::<tally_model::cuda::Unfused<half::bf16>>(Default::default())),
         (backend, DType::Bfloat16) if backend.is_compiled() => anyhow::bail!("--dtype bfloat16 needs --backend cuda; {backend:?} computes in float32"),
         (backend, _) => anyhow::bail!(
             "this tally was built without the {backend:?} backend; rebuild with `--features {}`",
@@ -468,6 +504,7 @@ mod tests {
             cublas_algos: None,
             cascade_scores: CascadeScores::Float32,
             elementwise: Elementwise::Auto,
+            fusion: Fusion::Auto,
             weights: Weights::Compact,
             tile_rows: None,
             tile_keys: None,
@@ -513,5 +550,27 @@ mod tests {
         assert_eq!(cublas(None, Some(8)), "cublas-algos8");
         assert_eq!(cublas(None, Some(1)), "cublas", "one candidate is no search");
         assert_eq!(cublas(Some(CublasOrdering::Sync), None), "cublas-sync");
+    }
+
+    /// Fusion stays out of CUDA's way where tally's kernels do the elementwise steps, and merges
+    /// Burn's elsewhere; asked for, it is what runs; off is CUDA's alone, and the CPU has none.
+    #[test]
+    fn fusion_is_off_on_cuda_with_the_elementwise_kernels_only() {
+        assert!(!auto(BackendKind::Cuda).fused());
+        assert!(DeviceArgs { elementwise: Elementwise::Burn, ..auto(BackendKind::Cuda) }.fused());
+        assert!(DeviceArgs { fusion: Fusion::On, ..auto(BackendKind::Cuda) }.fused());
+        assert!(!DeviceArgs { fusion: Fusion::Off, elementwise: Elementwise::Burn, ..auto(BackendKind::Cuda) }.fused());
+        assert!(auto(BackendKind::Wgpu).fused());
+
+        struct Unreached;
+        impl WithBackend for Unreached {
+            type Output = ();
+            fn run<B: tally_model::ScoringBackend>(self, _: B::Device) -> Result<()> {
+                unreachable!("refused before a backend is picked")
+            }
+        }
+        let refused = |args: DeviceArgs| dispatch(DeviceArgs { dtype: DType::Float32, matmul: Matmul::Cubecl, ..args }, Unreached).unwrap_err().to_string();
+        assert_eq!(refused(DeviceArgs { fusion: Fusion::Off, ..auto(BackendKind::Wgpu) }), "--fusion off needs --backend cuda (wgpu runs through Burn's fusion)");
+        assert_eq!(refused(DeviceArgs { fusion: Fusion::On, ..auto(BackendKind::Cpu) }), "--fusion applies to the GPU backends: the CPU backend has no fusion layer");
     }
 }

@@ -78,5 +78,5 @@ fn cuda_profiler<D: 'static>(device: &D) -> Option<impl Fn(bool) -> Result<()> +
 
 fn runs_on(device: DeviceArgs) -> RunsOn {
     let name = |value: &dyn std::fmt::Debug| format!("{value:?}").to_lowercase();
-    RunsOn { backend: name(&device.backend), dtype: name(&device.dtype), attention: name(&device.attention()), elementwise: name(&device.elementwise()), tile: device.tile().to_string(), matmul: device.matmul_label(), flush_denormals: device.flush_denormals(), device: device_name(device.backend) }
+    RunsOn { backend: name(&device.backend), dtype: name(&device.dtype), attention: name(&device.attention()), elementwise: name(&device.elementwise()), tile: device.tile().to_string(), matmul: device.matmul_label(), flush_denormals: device.flush_denormals(), fused: device.fused(), device: device_name(device.backend) }
 }

@@ -1,13 +1,24 @@
 //! What generic CubeCL code needs to know of CUDA (feature `cublas`): whether a runtime is
 //! CUDA, its tensors typed as CUDA's, the device's free memory, CUDA's profiler switch for
-//! `ncu` (cudarc, CubeCL's own CUDA binding), and how NVRTC treats denormals.
+//! `ncu` (cudarc, CubeCL's own CUDA binding), how NVRTC treats denormals, and CUDA's backend
+//! without Burn's fusion layer.
 
 use std::any::{Any, TypeId};
 
 use burn_cubecl::cubecl::cuda::{CudaDevice, CudaRuntime};
 use burn_cubecl::tensor::CubeTensor;
-use burn_cubecl::CubeRuntime;
+use burn_cubecl::{CubeBackend, CubeRuntime};
 use cudarc::driver::{result as driver, sys as driver_sys, CudaContext, DriverError};
+
+/// CUDA without Burn's fusion layer (`burn::backend::Cuda` is `Fusion` of this): Burn's ops go
+/// to CubeCL one at a time, and tally's kernels and cuBLASLt take their inputs as they are. On
+/// the fusion layer each of those first waits for fusion's thread to resolve every input, ~28
+/// round trips a layer, and every op is queued there and searched for fusions: one warm S1
+/// request on the offline CUDA runtime (flash attention, tally's elementwise kernels) takes
+/// 3–8 ms of host time unfused against 20–50 ms fused, for the same launches within two
+/// (`tests/cuda_launches.rs`). Where the layers' elementwise steps are Burn's ops, fusion is
+/// what merges them (1,742 launches a request unfused against 1,010).
+pub type Unfused<F> = CubeBackend<CudaRuntime, F, i32, u8>;
 
 pub fn is_cuda<R: CubeRuntime>() -> bool {
     TypeId::of::<R>() == TypeId::of::<CudaRuntime>()
