@@ -157,8 +157,8 @@ fn attention_routes<F: FloatElement, const ID: u16>() {
     ];
     let variants: Vec<TileShape> = kernel_cases::every_tile_shape().flat_map(|shape| kernel_cases::FRAGMENT_LOADS.map(|loads| shape.with_loads(loads))).collect();
     // The flash kernel's cp.async staging exists with two stages only (one stage reads and
-    // stages in turn); its warps of 32 rows, both ways, with `ldmatrix`.
-    let copy_async = variants.iter().filter(|shape| shape.stages == 2).map(|shape| shape.with_staging(KvStaging::CopyAsync));
+    // stages in turn), with either barrier scheme; its warps of 32 rows, every way, with `ldmatrix`.
+    let copy_async = variants.iter().filter(|shape| shape.stages == 2).flat_map(|shape| [KvStaging::CopyAsync, KvStaging::CopyAsyncSplit].map(|staging| shape.with_staging(staging)));
     let two_blocks = kernel_cases::every_tile_shape()
         .filter(|shape| shape.stages == 2)
         .flat_map(|shape| kernel_cases::KV_STAGINGS.map(|staging| shape.with_staging(staging).with_warp_rows(32)))

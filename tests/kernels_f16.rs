@@ -33,12 +33,14 @@ fn attention_in_f16_accumulates_in_f32() {
         let expected = case.expected(seed as u64);
         // Both ways of reading fragments, at the default tile and at the largest (8 planes,
         // 64-key steps: four `ldmatrix.x4` of keys per 16 dimensions); the flash kernel's next
-        // step staged both ways (cp.async on tensor cores), its warps taking 16 rows or 32.
+        // step staged every way (cp.async on tensor cores, with one barrier a step or two a
+        // buffer; off them each is the register read-ahead, run once), its warps taking 16 rows or 32.
         let tiles = [TileShape::default(), TileShape::new(128, 64).expect("a built shape")]
             .into_iter()
             .flat_map(|shape| FRAGMENT_LOADS.map(|loads| shape.with_loads(loads)));
+        let stagings = if tensor_cores { &KV_STAGINGS[..] } else { &KV_STAGINGS[..2] };
         let kernels = std::iter::once(AttentionKernel::Rows).chain(tiles.flat_map(|tile| {
-            let flash = KV_STAGINGS.into_iter().flat_map(move |staging| {
+            let flash = stagings.iter().flat_map(move |&staging| {
                 let tile = tile.with_staging(staging);
                 [Some(tile), tile.with_warp_rows(32)].into_iter().flatten().map(AttentionKernel::Flash)
             });
@@ -49,7 +51,7 @@ fn attention_in_f16_accumulates_in_f32() {
             if kernel != AttentionKernel::Rows && tensor_cores {
                 assert!(launched.contains("tensor cores"), "{kernel:?} ran as {launched}, {}", case.name());
             }
-            let asks_copy_async = matches!(kernel, AttentionKernel::Flash(tile) if tile.staging == KvStaging::CopyAsync);
+            let asks_copy_async = matches!(kernel, AttentionKernel::Flash(tile) if tile.staging.copies_async());
             assert_eq!(launched.contains("cp-async"), asks_copy_async && tensor_cores, "{kernel:?} ran as {launched}, {}", case.name());
             assert_close(&case.kernel::<half::f16>(seed as u64, kernel), &expected, 1e-2, &format!("f16, {kernel:?} ({launched}), {}", case.name()));
         }
@@ -64,9 +66,11 @@ fn attention_in_f16_reads_values_where_the_qkv_projection_wrote_them() {
     let case = Case { groups: vec![(130, vec![16, 17, 1, 20, 20, 20, 20]), (0, vec![33])], q_heads: 16, kv_heads: 8, head_dim: 128 };
     let expected = case.expected(61);
     let tile = TileShape::new(128, 64).expect("a built shape").with_staging(KvStaging::CopyAsync);
-    // CUDA's default tile, and the same with filled tiles (items cut at tile edges).
+    // CUDA's default tile, the same with filled tiles (items cut at tile edges) and with two
+    // barriers a buffer.
     let cuda_default = tile.with_warp_rows(32).expect("128 rows hold warps of 32");
-    let kernels = [AttentionKernel::Rows, AttentionKernel::Flash(tile), AttentionKernel::Flash(cuda_default), AttentionKernel::Flash(cuda_default.with_packing(TilePacking::Filled))];
+    let split = cuda_default.with_staging(KvStaging::CopyAsyncSplit);
+    let kernels = [AttentionKernel::Rows, AttentionKernel::Flash(tile), AttentionKernel::Flash(cuda_default), AttentionKernel::Flash(cuda_default.with_packing(TilePacking::Filled)), AttentionKernel::Flash(split)];
     for padding in [0, 1, 2, 8] {
         for kernel in kernels {
             let (got, value_stride) = case.kernel_on_fused_rows::<half::f16>(61, kernel, padding);

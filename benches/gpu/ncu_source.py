@@ -20,7 +20,7 @@ writes a markdown report:
 - the hottest instructions with their reasons;
 - the shared-memory instructions' excess wavefronts (bank conflicts), where the page has them.
 
-    ncu_source.py SOURCE_CSV [--kernel REGEX] [--top 30] [--title T] [--out report.md]
+    ncu_source.py SOURCE_CSV [--kernel REGEX] [--top 30] [--title T] > report.md
 
 Column names have changed between ncu versions (`(All Cycles)` then `(All Samples)`; a `#`
 column in front; per-reason columns only in newer ones): each is found by its prefix, and a
@@ -84,9 +84,9 @@ def read_kernels(text):
     return kernels
 
 
-def column(header, prefix, exclude="Not"):
-    """The first column whose name starts with `prefix` and does not hold `exclude`."""
-    return next((c for c in header if c.startswith(prefix) and exclude not in c), None)
+def column(header, prefix):
+    """The first column whose name starts with `prefix` (ncu's names have changed suffixes)."""
+    return next((c for c in header if c.startswith(prefix)), None)
 
 
 class Instruction:
@@ -109,7 +109,7 @@ def instructions_of(rows):
         return [], 0
     base = min(int(row["Address"], 16) for row in addressed)
     samples = column(header, "Warp Stall Sampling (All")
-    not_issued = column(header, "Warp Stall Sampling (Not-issued", exclude="\0")
+    not_issued = column(header, "Warp Stall Sampling (Not-issued")
     executed = column(header, "Instructions Executed")
     reasons = [c for c in header if c.startswith("stall_") and "Not Issued" not in c]
     excess = column(header, "L1 Wavefronts Shared Excessive")
@@ -234,18 +234,13 @@ def main():
     parser.add_argument("--kernel", default="", help="a regex the kernel's name must match (the first that does)")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--title", default="")
-    parser.add_argument("--out")
     args = parser.parse_args()
     with open(args.source_csv, encoding="utf-8", errors="replace") as f:
         kernels = read_kernels(f.read())
     chosen = [(name, rows) for name, rows in kernels.items() if rows and re.search(args.kernel, name)]
     if not chosen:
         sys.exit(f"no kernel matching {args.kernel!r} with instructions in {args.source_csv} (found: {', '.join(kernels) or 'none'})")
-    text = report(chosen[0][0], chosen[0][1], args.top, args.title)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    sys.stdout.write(text)
+    sys.stdout.write(report(chosen[0][0], chosen[0][1], args.top, args.title))
 
 
 if __name__ == "__main__":

@@ -36,11 +36,13 @@ tiles=${TALLY_SUITE_TILES-64x16 128x32}  # empty: no sweep
 # The flash kernel's variants the attention and scenario stages time beside its default, as
 # NAME=FLAGS with the flags joined by commas. CUDA's default since the H200 run of 2026-11-27 is
 # 128x64 with cp.async staging, 32 rows a warp and denormals flushed; `filled` packs the tiles
-# full (S1: 1,264 cubes, five waves of two a SM on an H200, against 1,336 and six), the others
+# full (S1: 1,264 cubes, five waves of two a SM on an H200, against 1,336 and six),
+# `split-barriers` waits on two barriers a buffer (its copies landed; its readers done) where the
+# default waits on one a step for the whole cube (session 41), the others
 # each undo one default (denormals kept; 16 rows a warp; 32-key steps). The default before them
 # (`registers=--kv-staging,registers,--warp-rows,16,--flush-denormals,false`) was timed on
 # 2026-11-27 (1.634 ms a layer against 1.531). Empty: none.
-flash_variants=${TALLY_SUITE_FLASH_VARIANTS-filled=--tile-packing,filled keep-denormals=--flush-denormals,false warp16=--warp-rows,16 keys32=--tile-keys,32}
+flash_variants=${TALLY_SUITE_FLASH_VARIANTS-filled=--tile-packing,filled split-barriers=--kv-staging,cp-async-split keep-denormals=--flush-denormals,false warp16=--warp-rows,16 keys32=--tile-keys,32}
 dry=${TALLY_SUITE_DRY_RUN:-0}
 # A variant's flags, as words.
 variant_flags() {
@@ -311,7 +313,7 @@ ncu_stage() {
     "$ncu" --import $bin/$name-source.ncu-rep --page source --csv --print-source sass >"$out/$name-attention-sass.csv" || return 1
     python3 benches/gpu/ncu_source.py "$out/$name-attention-sass.csv" --kernel attention \
         --title "ncu warp samples: S1's first attention launch, $gpu $dtype${TALLY_SUITE_NCU_VARIANT:+ ($TALLY_SUITE_NCU_VARIANT)}" \
-        --out "$out/$name-attention-sass.md" >/dev/null || return 1
+        >"$out/$name-attention-sass.md" || return 1
     head -40 "$out/$name-attention-sass.md"
     return $status
 }

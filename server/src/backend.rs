@@ -225,6 +225,9 @@ pub enum KvStaging {
     Registers,
     /// `cp.async` copies, global to shared memory, waited on by a barrier.
     CpAsync,
+    /// `cp.async` with two barriers a buffer (copies landed; readers done): no unit waits at a
+    /// step's start for the cube's slowest.
+    CpAsyncSplit,
 }
 
 impl From<KvStaging> for tally_model::KvStaging {
@@ -232,6 +235,7 @@ impl From<KvStaging> for tally_model::KvStaging {
         match staging {
             KvStaging::Registers => tally_model::KvStaging::Registers,
             KvStaging::CpAsync => tally_model::KvStaging::CopyAsync,
+            KvStaging::CpAsyncSplit => tally_model::KvStaging::CopyAsyncSplit,
         }
     }
 }

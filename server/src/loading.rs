@@ -30,10 +30,16 @@ pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_c
     release_loading_memory();
     tracing::info!("weights: {}", scorer.weight_storage());
     scorer.set_routes(routes);
+    // Whether Burn's fusion layer queues the ops (`--fusion`): the CPU has none.
+    let fusion = match flags.backend {
+        crate::backend::BackendKind::Cpu => "",
+        _ if flags.fused() => ", through Burn's fusion",
+        _ => ", unfused",
+    };
     if scorer.routes() == routes {
-        tracing::info!("hot paths: {routes}");
+        tracing::info!("hot paths: {routes}{fusion}");
     } else {
-        tracing::info!("hot paths: {} (asked for {routes}: plain Burn ops where this backend has no kernel)", scorer.routes());
+        tracing::info!("hot paths: {}{fusion} (asked for {routes}: plain Burn ops where this backend has no kernel)", scorer.routes());
     }
     let tokens = match (max_batch_tokens, scorer.device_pass_tokens()) {
         (Some(tokens), _) => tokens,

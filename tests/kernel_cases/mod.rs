@@ -43,9 +43,10 @@ impl Drop for CubeclAfter {
 /// Both ways the tensor-core tiles read their fragments.
 pub const FRAGMENT_LOADS: [FragmentLoads; 2] = [FragmentLoads::Ldmatrix, FragmentLoads::Elements];
 
-/// Both ways the flash kernel's two stages bring the next key step in (`cp.async` on tensor
-/// cores only: elsewhere a call asking for it reads into registers).
-pub const KV_STAGINGS: [KvStaging; 2] = [KvStaging::Registers, KvStaging::CopyAsync];
+/// Every way the flash kernel's two stages bring the next key step in (`cp.async` on tensor
+/// cores only, with one barrier a step or two a buffer: elsewhere a call asking for it reads
+/// into registers).
+pub const KV_STAGINGS: [KvStaging; 3] = [KvStaging::Registers, KvStaging::CopyAsync, KvStaging::CopyAsyncSplit];
 
 /// Every tile shape the kernels are built for: [`TileShape::ROWS`] × [`TileShape::KEYS`] ×
 /// [`TileShape::STAGES`], fragments by `ldmatrix`.

@@ -80,6 +80,12 @@ pub enum KvStaging {
     /// or stores, waited on by a shared-memory barrier. Tensor cores only; the register tiles
     /// take [`Self::Registers`].
     CopyAsync,
+    /// `cp.async` with two barriers a buffer, one its copies land on and one its readers
+    /// leave by: a step waits for its own copies only, and the next step's copies are issued
+    /// after this step's scores, once every unit is done with the buffer they refill. With one
+    /// barrier a step, as [`Self::CopyAsync`], every unit waits at each step's start for the
+    /// cube's slowest to finish the step before.
+    CopyAsyncSplit,
 }
 
 impl KvStaging {
@@ -88,7 +94,13 @@ impl KvStaging {
         match self {
             KvStaging::Registers => "registers",
             KvStaging::CopyAsync => "cp-async",
+            KvStaging::CopyAsyncSplit => "cp-async-split",
         }
+    }
+
+    /// Whether the copies are `cp.async` (either barrier scheme).
+    pub fn copies_async(self) -> bool {
+        self != KvStaging::Registers
     }
 }
 
@@ -191,6 +203,8 @@ mod tests {
         assert_eq!(one_stage.with_loads(FragmentLoads::Elements).to_string(), "64x16, 1 stage, elements");
         assert_eq!(TileShape::default().with_stages(3), None);
         assert_eq!(TileShape::new(128, 64).unwrap().with_staging(KvStaging::CopyAsync).to_string(), "128x64, 2 stages, ldmatrix, cp-async");
+        assert_eq!(TileShape::new(128, 64).unwrap().with_staging(KvStaging::CopyAsyncSplit).to_string(), "128x64, 2 stages, ldmatrix, cp-async-split");
+        assert!(KvStaging::CopyAsyncSplit.copies_async() && KvStaging::CopyAsync.copies_async() && !KvStaging::Registers.copies_async());
         let two_blocks = TileShape::new(128, 64).unwrap().with_warp_rows(32).unwrap();
         assert_eq!(two_blocks.to_string(), "128x64, 2 stages, ldmatrix, 32 rows a warp");
         assert_eq!(TileShape::new(16, 16).unwrap().with_warp_rows(32), None, "a 16-row tile has no warp of 32 rows");

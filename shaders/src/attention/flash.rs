@@ -9,7 +9,9 @@
 //!    into registers while this one is computed, then staged in a second buffer: one
 //!    `sync_cube` a step (FlashAttention-2's pipeline, registers in place of cp.async). On CUDA
 //!    `--kv-staging cp-async` copies the next step straight into its buffer instead
-//!    ([`copy_share`]), one barrier wait a step;
+//!    ([`copy_share`]), one barrier wait a step (`cp-async-split`: two barriers a buffer, so a
+//!    unit waits for its step's copies and, after its scores, for the units still reading the
+//!    buffer it refills, not for the whole cube at each step's start);
 //! 2. each plane multiplies its 16 query rows (32 with `--warp-rows 32`: two blocks of 16 that
 //!    share every key and value fragment read, the query staged in shared memory) by the step's
 //!    keys into accumulator fragments ([`FragmentMath::scores`]);
@@ -140,6 +142,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     #[comptime] step_keys: usize,
     #[comptime] stages: usize,
     #[comptime] copy_async: bool,
+    #[comptime] split_barriers: bool,
     #[comptime] blocks: usize,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -237,6 +240,59 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
             sync_cube();
             flash_step::<F, T>(&tile, &step, &query, &staged_query, &cube_rows, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, 0usize, scale, head_dim, step_keys, rows, blocks);
             sync_cube();
+        }
+    } else if comptime![copy_async && split_barriers] {
+        // Two buffers, each with a barrier its copies land on (`full`: every unit arrives once
+        // it has issued its share, and the phase completes when the copies have landed too)
+        // and one its readers leave by (`empty`: every unit arrives after its step's weights ×
+        // values). Step `s` waits for its own copies only; the copies of step `s + 1` go after
+        // this step's scores, into the buffer step `s − 1` read, once every unit has left it —
+        // by then the slowest unit has had the scores' time to finish. Buffer `b` serves steps
+        // `b, b + 2, …`: step `s` is its barriers' phase `s / 2`.
+        let full_0 = Barrier::shared(comptime![units as u32], UNIT_POS == 0);
+        let full_1 = Barrier::shared(comptime![units as u32], UNIT_POS == 0);
+        let empty_0 = Barrier::shared(comptime![units as u32], UNIT_POS == 0);
+        let empty_1 = Barrier::shared(comptime![units as u32], UNIT_POS == 0);
+        let first = walk_step(&tile, 0, prefix_steps, step_keys);
+        copy_share::<F, N, W>(&kv, &first, keys, values, prefix_keys, prefix_values, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
+        full_0.commit_copy_async();
+        full_0.arrive();
+        for s in 0..steps {
+            let (here, phase) = (s % 2, ((s / 2) % 2) as u32);
+            if here == 0 {
+                full_0.wait_parity(phase);
+            } else {
+                full_1.wait_parity(phase);
+            }
+            let step = walk_step(&tile, s, prefix_steps, step_keys);
+            let weights = T::scores::<F>(&query, &staged_query, &staged_keys, here * buffer, head_dim, step_keys, blocks);
+            if s + 1 < steps {
+                let next = walk_step(&tile, s + 1, prefix_steps, step_keys);
+                let there = 1 - here;
+                // Step `s − 1` read that buffer (none did before step 1).
+                if s >= 1 {
+                    let left = (((s - 1) / 2) % 2) as u32;
+                    if there == 0 {
+                        empty_0.wait_parity(left);
+                    } else {
+                        empty_1.wait_parity(left);
+                    }
+                }
+                copy_share::<F, N, W>(&kv, &next, keys, values, prefix_keys, prefix_values, &mut staged_keys, &mut staged_values, there * buffer, step_keys, head_dim, units);
+                if there == 0 {
+                    full_0.commit_copy_async();
+                    full_0.arrive();
+                } else {
+                    full_1.commit_copy_async();
+                    full_1.arrive();
+                }
+            }
+            finish_step::<F, T>(weights, &tile, &step, &cube_rows, &mut rows_state, &mut accumulated, &staged_values, here * buffer, scale, head_dim, step_keys, rows, blocks);
+            if here == 0 {
+                empty_0.arrive();
+            } else {
+                empty_1.arrive();
+            }
         }
     } else if comptime![copy_async] {
         // Two buffers, `cp.async` (CUDA): step `s + 1` is copied into one while step `s` is
@@ -373,8 +429,29 @@ fn flash_step<F: Float, T: FragmentMath>(
     #[comptime] blocks: usize,
 ) {
     // 2. Scores of the plane's rows against the step's keys (unscaled).
-    let mut weights = T::scores::<F>(query, staged_query, staged_keys, staged_at, head_dim, step_keys, blocks);
+    let weights = T::scores::<F>(query, staged_query, staged_keys, staged_at, head_dim, step_keys, blocks);
+    finish_step::<F, T>(weights, tile, step, cube_rows, rows_state, accumulated, staged_values, staged_at, scale, head_dim, step_keys, rows, blocks);
+}
 
+/// Steps 3–4 of a key step whose scores are `weights`: masks and online softmax, then weights ×
+/// values from element `staged_at`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn finish_step<F: Float, T: FragmentMath>(
+    mut weights: Array<f32>,
+    tile: &Tile,
+    step: &Step,
+    cube_rows: &CubeRows,
+    rows_state: &mut RowsState,
+    accumulated: &mut Array<f32>,
+    staged_values: &SharedMemory<F>,
+    staged_at: usize,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] step_keys: usize,
+    #[comptime] rows: usize,
+    #[comptime] blocks: usize,
+) {
     // 3. Masks and online softmax, each unit on its own elements, a row's quad together. Every
     // row of the tile sees every key of a full prefix step (all but the prefix's last step):
     // those skip the masks. Uniform over the cube.
