@@ -192,7 +192,13 @@ scenario_stage() {
             has_extra elementwise-burn && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --elementwise burn \
                 --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-elementwise-burn.json" || ok=1; }
-            if has_extra fusion; then
+            if has_extra fusion && [ "$dry" = 1 ]; then
+                # The CPU has no fusion layer: the rehearsal checks the flag is refused clearly.
+                if "$cuda" bench scenario --model $model --scenario s1 --items $items --requests 1 --backend $gpu --fusion on >"$out/fusion-refused.stdout" 2>&1; then
+                    echo "--fusion on ran on the CPU"; ok=1
+                fi
+                grep "the CPU backend has no fusion layer" "$out/fusion-refused.stdout" || ok=1
+            elif has_extra fusion; then
                 for s in $scenarios; do
                     "$cuda" bench scenario --model $model --scenario $s --items $items --requests $requests --backend $gpu --dtype $dtype \
                         --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --fusion on \

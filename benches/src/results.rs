@@ -115,7 +115,9 @@ impl Results {
                         other => format!(" {other}"),
                     };
                     let elementwise = if text("elementwise") == "kernels" { " ew-kernels" } else { "" };
-                    let label = format!("tally {} {} {}{matmul}{elementwise}{}", text("backend"), short_dtype(&text("dtype")), text("attention"), flushed(result));
+                    // Runs before `--fusion` (session 41) were all fused and say nothing of it.
+                    let unfused = if result["fused"].as_bool() == Some(false) { " unfused" } else { "" };
+                    let label = format!("tally {} {} {}{matmul}{elementwise}{unfused}{}", text("backend"), short_dtype(&text("dtype")), text("attention"), flushed(result));
                     let pass_tokens = result["max_batch_tokens"].as_u64();
                     let tile = result["tile"].as_str().map(str::to_owned);
                     let warm_request = match (result["warm_prefill_tokens_per_request"].as_f64(), result["warm_item_passes_per_request"].as_f64()) {
@@ -298,6 +300,7 @@ mod tests {
             ("b-warp32.json", run(warp32, false, 4000.0)),
             ("c-warp32-ftz.json", run(warp32, true, 4500.0)),
             ("d-split.json", json!({"benchmark": "scenario", "scenario": "s1", "backend": "cuda", "dtype": "bfloat16", "attention": "flash", "tile": default, "max_batch_tokens": 8192, "warm_median": {"items_per_second": 2500.0}})),
+            ("e-unfused.json", json!({"benchmark": "scenario", "scenario": "s1", "backend": "cuda", "dtype": "bfloat16", "attention": "flash", "tile": warp32, "flush_denormals": true, "fused": false, "max_batch_tokens": 32768, "warm_median": {"items_per_second": 5000.0}})),
         ]);
         let labels: Vec<String> = Results::read(&dir).unwrap().bars.into_iter().map(|bar| bar.label).collect();
         assert_eq!(labels, [
@@ -305,6 +308,7 @@ mod tests {
             format!("tally cuda bf16 flash, {warp32}"),
             "tally cuda bf16 flash ftz".to_owned(),
             format!("tally cuda bf16 flash, {default}, 8192-token passes"),
+            "tally cuda bf16 flash unfused ftz".to_owned(),
         ]);
     }
 
