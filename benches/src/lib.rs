@@ -42,7 +42,7 @@ pub struct RunsOn {
     pub matmul: String,
     /// CUDA kernels compiled with denormals flushed to zero (`--flush-denormals`).
     pub flush_denormals: bool,
-    /// Through Burn's fusion layer (`--fusion`).
+    /// Through Burn's fusion layer (`--fusion`; never on the CPU).
     pub fused: bool,
     /// The GPU's name, or the CPU's with its thread count.
     pub device: String,

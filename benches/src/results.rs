@@ -115,8 +115,9 @@ impl Results {
                         other => format!(" {other}"),
                     };
                     let elementwise = if text("elementwise") == "kernels" { " ew-kernels" } else { "" };
-                    // Runs before `--fusion` (session 41) were all fused and say nothing of it.
-                    let unfused = if result["fused"].as_bool() == Some(false) { " unfused" } else { "" };
+                    // GPU runs before `--fusion` (session 41) were all fused and say nothing of
+                    // it; the CPU has no fusion layer.
+                    let unfused = if result["fused"].as_bool() == Some(false) && text("backend") != "cpu" { " unfused" } else { "" };
                     let label = format!("tally {} {} {}{matmul}{elementwise}{unfused}{}", text("backend"), short_dtype(&text("dtype")), text("attention"), flushed(result));
                     let pass_tokens = result["max_batch_tokens"].as_u64();
                     let tile = result["tile"].as_str().map(str::to_owned);

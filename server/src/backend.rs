@@ -315,13 +315,13 @@ impl DeviceArgs {
     }
 
     /// `--fusion`, `auto` resolved for the backend and the elementwise route: whether the
-    /// model runs through Burn's fusion layer.
+    /// model runs through Burn's fusion layer (never on the CPU, which has none).
     pub fn fused(&self) -> bool {
         match (self.fusion, self.backend) {
+            (_, BackendKind::Cpu) | (Fusion::Off, _) => false,
             (Fusion::On, _) => true,
-            (Fusion::Off, _) => false,
             (Fusion::Auto, BackendKind::Cuda) => self.elementwise() == Elementwise::Burn,
-            (Fusion::Auto, BackendKind::Wgpu | BackendKind::Cpu) => true,
+            (Fusion::Auto, BackendKind::Wgpu) => true,
         }
     }
 
@@ -387,7 +387,7 @@ pub fn dispatch<T: WithBackend>(device: DeviceArgs, job: T) -> Result<T::Output>
     }
     // wgpu keeps fusion: its default elementwise route is Burn's ops, which fusion merges, and
     // an unfused wgpu would compile the whole engine once more in every build.
-    anyhow::ensure!(device.fused() || backend == BackendKind::Cuda, "--fusion off needs --backend cuda (wgpu runs through Burn's fusion)");
+    anyhow::ensure!(device.fused() || backend != BackendKind::Wgpu, "--fusion off needs --backend cuda (wgpu runs through Burn's fusion)");
     anyhow::ensure!(device.fusion == Fusion::Auto || backend != BackendKind::Cpu, "--fusion applies to the GPU backends: the CPU backend has no fusion layer");
     match (backend, dtype) {
         #[cfg(feature = "ndarray")]
@@ -565,6 +565,7 @@ mod tests {
         assert!(DeviceArgs { fusion: Fusion::On, ..auto(BackendKind::Cuda) }.fused());
         assert!(!DeviceArgs { fusion: Fusion::Off, elementwise: Elementwise::Burn, ..auto(BackendKind::Cuda) }.fused());
         assert!(auto(BackendKind::Wgpu).fused());
+        assert!(!auto(BackendKind::Cpu).fused());
 
         struct Unreached;
         impl WithBackend for Unreached {
