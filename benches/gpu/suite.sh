@@ -38,11 +38,14 @@ tiles=${TALLY_SUITE_TILES-64x16 128x32}  # empty: no sweep
 # 128x64 with cp.async staging, 32 rows a warp and denormals flushed; `filled` packs the tiles
 # full (S1: 1,264 cubes, five waves of two a SM on an H200, against 1,336 and six),
 # `split-barriers` waits on two barriers a buffer (its copies landed; its readers done) where the
-# default waits on one a step for the whole cube (session 41), the others
-# each undo one default (denormals kept; 16 rows a warp; 32-key steps). The default before them
-# (`registers=--kv-staging,registers,--warp-rows,16,--flush-denormals,false`) was timed on
-# 2026-11-27 (1.634 ms a layer against 1.531). Empty: none.
-flash_variants=${TALLY_SUITE_FLASH_VARIANTS-filled=--tile-packing,filled split-barriers=--kv-staging,cp-async-split keep-denormals=--flush-denormals,false warp16=--warp-rows,16 keys32=--tile-keys,32}
+# default waits on one a step for the whole cube (session 41), `warp16` undoes 32 rows a warp,
+# and `warps12` is the tile that keeps 12 warps an SM where the default keeps 8 (64 rows of 16 a
+# warp, 32-key steps: 166 registers and 36 KB of shared memory a cube, three cubes an SM; filled,
+# since a 32-token tile holds one whole 20-token item; session 42). Timed on 2026-11-27 and
+# dropped since: denormals kept (1.784 ms a layer against 1.531), 32-key steps at 128 rows (1.790
+# without flushing), the default before them (`--kv-staging registers --warp-rows 16
+# --flush-denormals false`, 1.634). Empty: none.
+flash_variants=${TALLY_SUITE_FLASH_VARIANTS-filled=--tile-packing,filled split-barriers=--kv-staging,cp-async-split warp16=--warp-rows,16 warps12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled}
 dry=${TALLY_SUITE_DRY_RUN:-0}
 # A variant's flags, as words.
 variant_flags() {
@@ -124,8 +127,8 @@ fixtures_stage() {
 # One layer's attention on every route; in the last dtype (bfloat16 on CUDA: tensor cores) also
 # the tile kernels' other tile shapes (TALLY_SUITE_TILES, rows x keys), to pick their default, and
 # at the default tile the flash kernel with one key step in flight, with its fragments read
-# element by element, and each of its variants (TALLY_SUITE_FLASH_VARIANTS; each against the
-# defaults: two stages, ldmatrix, the register read-ahead, 16 rows a warp).
+# element by element, and each of its variants (TALLY_SUITE_FLASH_VARIANTS, beside CUDA's
+# defaults: 128x64, two stages, ldmatrix, cp.async, 32 rows a warp, denormals flushed).
 attention_stage() {
     local ok=0 last=${gpu_dtypes##* }
     for dtype in $gpu_dtypes; do

@@ -70,7 +70,7 @@ impl FragmentLoads {
 
 /// How the flash kernel's two stages bring the next key step's keys and values from global
 /// into shared memory while it computes on this one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum KvStaging {
     /// Each unit reads its share of the next step into registers, and stores it in shared
     /// memory after this step's work: every backend.

@@ -37,7 +37,7 @@ use burn_cubecl::cubecl::prelude::*;
 
 use super::tiled::{QueryPairs, LANES, NO_ROW, ROWS_PER_PLANE};
 use super::walk::{copy_share, in_whole_passes, keys_apart, kv_rows, load_share, read_tile, staged_row, store_share, tile_row, unit_origin, visible_keys, walk_step, Step, Tile};
-use super::NO_SCORE;
+use super::{KvStaging, NO_SCORE};
 use crate::grid::cube_index;
 
 /// Elements of one 8-column block a lane holds: two rows (halves of the plane's 16) × two
@@ -141,8 +141,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     #[comptime] rows: usize,
     #[comptime] step_keys: usize,
     #[comptime] stages: usize,
-    #[comptime] copy_async: bool,
-    #[comptime] split_barriers: bool,
+    #[comptime] staging: KvStaging,
     #[comptime] blocks: usize,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -176,7 +175,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     // a token), read by the planes' fragments every step.
     let mut staged_query = SharedMemory::<F>::new_aligned(comptime![staged_query_len(rows, head_dim, blocks)], 16usize);
     let width = N::value();
-    if comptime![blocks > 1 && copy_async && in_whole_passes(rows, head_dim, width, units)] {
+    if comptime![blocks > 1 && staging.copies_async() && in_whole_passes(rows, head_dim, width, units)] {
         // Copied by `cp.async` and committed with the first step's keys and values: the first
         // step's wait covers them, and no unit waits here.
         copy_query::<F>(queries, &row_offsets, &mut staged_query, rows, head_dim, width, units);
@@ -241,7 +240,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
             flash_step::<F, T>(&tile, &step, &query, &staged_query, &cube_rows, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, 0usize, scale, head_dim, step_keys, rows, blocks);
             sync_cube();
         }
-    } else if comptime![copy_async && split_barriers] {
+    } else if comptime![staging == KvStaging::CopyAsyncSplit] {
         // Two buffers, each with a barrier its copies land on (`full`: every unit arrives once
         // it has issued its share, and the phase completes when the copies have landed too)
         // and one its readers leave by (`empty`: every unit arrives after its step's weights ×
@@ -294,7 +293,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
                 empty_1.arrive();
             }
         }
-    } else if comptime![copy_async] {
+    } else if comptime![staging == KvStaging::CopyAsync] {
         // Two buffers, `cp.async` (CUDA): step `s + 1` is copied into one while step `s` is
         // computed on the other. One barrier a step: waiting on it, a unit knows every unit's
         // copies of step `s` have landed and every unit is done with step `s − 1`, whose buffer

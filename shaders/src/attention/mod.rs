@@ -327,10 +327,10 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
             },
             Some((TileLoop::SharedSoftmax, TileMath::Register, shape)) => launch!(tiled::tiled_attention_kernel::launch_unchecked::<register_tile::RegisterTile, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys),
             Some((TileLoop::Flash, TileMath::Mma, shape)) => match shape.loads {
-                FragmentLoads::Ldmatrix => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::Ldmatrix>, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, shape.staging.copies_async(), shape.staging == KvStaging::CopyAsyncSplit, shape.warp_rows / 16),
-                FragmentLoads::Elements => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::ElementLoads>, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, shape.staging.copies_async(), shape.staging == KvStaging::CopyAsyncSplit, shape.warp_rows / 16),
+                FragmentLoads::Ldmatrix => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::Ldmatrix>, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, shape.staging, shape.warp_rows / 16),
+                FragmentLoads::Elements => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::ElementLoads>, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, shape.staging, shape.warp_rows / 16),
             },
-            Some((TileLoop::Flash, TileMath::Register, shape)) => launch!(flash::flash_attention_kernel::launch_unchecked::<register_tile::RegisterFragments, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, false, false, shape.warp_rows / 16),
+            Some((TileLoop::Flash, TileMath::Register, shape)) => launch!(flash::flash_attention_kernel::launch_unchecked::<register_tile::RegisterFragments, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, KvStaging::Registers, shape.warp_rows / 16),
             None => launch!(rows::row_attention_kernel::launch_unchecked::<R>, tiles.tokens_per_tile * tiles.group, []),
         }
     }
