@@ -152,8 +152,8 @@ fn flush_denormals() -> bool {
 /// 64) and Qwen3-0.6B (16/8 heads of 128), prefixes and items straddling the tile sizes.
 fn attention_routes<F: FloatElement, const ID: u16>() {
     let cases = [
-        Case { groups: vec![(700, vec![20, 65, 1]), (3, vec![17])], q_heads: 9, kv_heads: 3, head_dim: 64 },
-        Case { groups: vec![(2020, vec![20, 20, 3]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128 },
+        Case { groups: vec![(700, vec![20, 65, 1]), (3, vec![17])], q_heads: 9, kv_heads: 3, head_dim: 64, ..Default::default() },
+        Case { groups: vec![(2020, vec![20, 20, 3]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128, ..Default::default() },
     ];
     let variants: Vec<TileShape> = kernel_cases::every_tile_shape().flat_map(|shape| kernel_cases::FRAGMENT_LOADS.map(|loads| shape.with_loads(loads))).collect();
     // The flash kernel's cp.async staging exists with two stages only (one stage reads and

@@ -46,50 +46,50 @@ fn client() -> burn_cubecl::cubecl::client::ComputeClient<GpuRuntime> {
 
 fn attention_one_token_prefix_and_tile_edge_items() {
     // Items of 1, 17 and 65 tokens straddle the 16-key tiles and 64-row cubes.
-    check_attention(Case { groups: vec![(1, vec![1, 17, 65, 2])], q_heads: 4, kv_heads: 4, head_dim: 16 }, 1);
+    check_attention(Case { groups: vec![(1, vec![1, 17, 65, 2])], q_heads: 4, kv_heads: 4, head_dim: 16, ..Default::default() }, 1);
 }
 
 fn attention_long_prefix_gqa4_head_dim_64() {
-    check_attention(Case { groups: vec![(2050, vec![20, 7, 65, 1, 33])], q_heads: 8, kv_heads: 2, head_dim: 64 }, 2);
+    check_attention(Case { groups: vec![(2050, vec![20, 7, 65, 1, 33])], q_heads: 8, kv_heads: 2, head_dim: 64, ..Default::default() }, 2);
 }
 
 fn attention_qwen3_heads_head_dim_128_several_groups() {
     // Qwen3-0.6B's heads (16 q / 8 kv, head_dim 128); groups with different prefixes, one empty.
-    check_attention(Case { groups: vec![(2020, vec![20, 20, 3]), (0, vec![5, 1]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128 }, 3);
+    check_attention(Case { groups: vec![(2020, vec![20, 20, 3]), (0, vec![5, 1]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128, ..Default::default() }, 3);
 }
 
 fn attention_500_uneven_items() {
     let items: Vec<usize> = (0..500).map(|i| 1 + (i * 7) % 23).collect();
-    check_attention(Case { groups: vec![(130, items)], q_heads: 4, kv_heads: 2, head_dim: 16 }, 4);
+    check_attention(Case { groups: vec![(130, items)], q_heads: 4, kv_heads: 2, head_dim: 16, ..Default::default() }, 4);
 }
 
 fn attention_query_prefill_is_one_causal_item() {
     // How the query itself runs: one item, no prefix (the first chunk) or the earlier chunks.
-    check_attention(Case { groups: vec![(0, vec![300])], q_heads: 2, kv_heads: 1, head_dim: 64 }, 5);
-    check_attention(Case { groups: vec![(512, vec![129])], q_heads: 2, kv_heads: 1, head_dim: 64 }, 6);
+    check_attention(Case { groups: vec![(0, vec![300])], q_heads: 2, kv_heads: 1, head_dim: 64, ..Default::default() }, 5);
+    check_attention(Case { groups: vec![(512, vec![129])], q_heads: 2, kv_heads: 1, head_dim: 64, ..Default::default() }, 6);
 }
 
 fn attention_tiles_mix_whole_items_and_pieces_of_long_ones() {
     // 64-token tiles at GQA 2: short items share tiles, a 150-token item is cut in three and
     // the next item shares its last piece's tile; a group boundary closes a tile.
-    check_attention(Case { groups: vec![(9, vec![3, 150, 5, 30, 64, 1]), (4, vec![2, 2])], q_heads: 4, kv_heads: 2, head_dim: 16 }, 8);
+    check_attention(Case { groups: vec![(9, vec![3, 150, 5, 30, 64, 1]), (4, vec![2, 2])], q_heads: 4, kv_heads: 2, head_dim: 16, ..Default::default() }, 8);
 }
 
 fn attention_just_under_at_and_past_the_tiled_kernels_tiles() {
     // The tiled kernel's sizes: 16 keys a step, 16 rows a plane, 64 rows a cube (16 tokens at
     // GQA 4, 64 at GQA 1), so prefixes and items of 15/16/17 and 63/64/65 tokens; a GQA group
     // of 3 leaves a cube's last row empty (21 tokens × 3), one of 64 fills a cube with a token.
-    check_attention(Case { groups: vec![(15, vec![15, 16, 17]), (16, vec![1]), (17, vec![16, 16])], q_heads: 4, kv_heads: 1, head_dim: 16 }, 11);
-    check_attention(Case { groups: vec![(63, vec![63, 64, 65]), (64, vec![64]), (65, vec![1, 63])], q_heads: 2, kv_heads: 2, head_dim: 32 }, 12);
-    check_attention(Case { groups: vec![(31, vec![21, 22, 20, 1])], q_heads: 6, kv_heads: 2, head_dim: 24 }, 13);
-    check_attention(Case { groups: vec![(33, vec![2, 3])], q_heads: 64, kv_heads: 1, head_dim: 16 }, 14);
+    check_attention(Case { groups: vec![(15, vec![15, 16, 17]), (16, vec![1]), (17, vec![16, 16])], q_heads: 4, kv_heads: 1, head_dim: 16, ..Default::default() }, 11);
+    check_attention(Case { groups: vec![(63, vec![63, 64, 65]), (64, vec![64]), (65, vec![1, 63])], q_heads: 2, kv_heads: 2, head_dim: 32, ..Default::default() }, 12);
+    check_attention(Case { groups: vec![(31, vec![21, 22, 20, 1])], q_heads: 6, kv_heads: 2, head_dim: 24, ..Default::default() }, 13);
+    check_attention(Case { groups: vec![(33, vec![2, 3])], q_heads: 64, kv_heads: 1, head_dim: 16, ..Default::default() }, 14);
 }
 
 fn attention_head_sizes_off_the_flash_kernels_blocks() {
     // The flash kernel's fragments hold 8 dimensions a block: head sizes of 12 and 20 (even, so
     // the tiled kernel still takes them) send it to the row kernel, which must still be right.
     for head_dim in [12, 20] {
-        let case = Case { groups: vec![(17, vec![16, 17, 1])], q_heads: 4, kv_heads: 2, head_dim };
+        let case = Case { groups: vec![(17, vec![16, 17, 1])], q_heads: 4, kv_heads: 2, head_dim, ..Default::default() };
         let expected = case.expected(31);
         let (tiled, flash) = (AttentionKernel::Tiled(TileShape::default()), AttentionKernel::Flash(TileShape::default()));
         assert_eq!(case.launched::<f32>(tiled), "tiled, registers", "{}", case.name());
@@ -104,7 +104,7 @@ fn attention_staging_past_one_vector_a_unit() {
     // The tile kernels stage K/V a vector (4 floats here) a unit at a time: at head_dim 24 a
     // 16-key step is 96 vectors for a 64-row cube's 128 units (just under one each), a 32-key
     // step 192 (one each and half a second round), at both stage counts.
-    let case = Case { groups: vec![(70, vec![16, 17, 33, 1]), (31, vec![5])], q_heads: 4, kv_heads: 2, head_dim: 24 };
+    let case = Case { groups: vec![(70, vec![16, 17, 33, 1]), (31, vec![5])], q_heads: 4, kv_heads: 2, head_dim: 24, ..Default::default() };
     let expected = case.expected(41);
     for keys in [16, 32] {
         let shape = TileShape::new(64, keys).expect("a built shape");
@@ -131,7 +131,7 @@ fn attention_staging_past_one_vector_a_unit() {
 fn attention_every_tile_shape() {
     // Items across every tile size's edges (16/17, 31/33, 64/65, 130); prefixes just under, at
     // and past the largest key step (63/64/65: a prefix's last step full, so unmasked, or not).
-    let case = Case { groups: vec![(40, vec![16, 17, 33, 1, 64, 65, 130]), (1, vec![31, 2]), (63, vec![2]), (64, vec![17]), (65, vec![1])], q_heads: 4, kv_heads: 2, head_dim: 32 };
+    let case = Case { groups: vec![(40, vec![16, 17, 33, 1, 64, 65, 130]), (1, vec![31, 2]), (63, vec![2]), (64, vec![17]), (65, vec![1])], q_heads: 4, kv_heads: 2, head_dim: 32, ..Default::default() };
     let expected = case.expected(21);
     let client = client();
     for shape in every_tile_shape() {
@@ -155,8 +155,8 @@ fn attention_reads_keys_and_values_where_the_qkv_projection_wrote_them() {
     // at a time), by 4 one that 4-wide vectors still divide.
     let cases = [
         // Items under, at and past a 32-token tile (64 rows at GQA 2) and the 16-key steps.
-        Case { groups: vec![(40, vec![16, 17, 32, 33, 1]), (0, vec![5])], q_heads: 4, kv_heads: 2, head_dim: 32 },
-        Case { groups: vec![(17, vec![64, 65, 2])], q_heads: 16, kv_heads: 8, head_dim: 128 },
+        Case { groups: vec![(40, vec![16, 17, 32, 33, 1]), (0, vec![5])], q_heads: 4, kv_heads: 2, head_dim: 32, ..Default::default() },
+        Case { groups: vec![(17, vec![64, 65, 2])], q_heads: 16, kv_heads: 8, head_dim: 128, ..Default::default() },
     ];
     for case in cases {
         let expected = case.expected(51);
@@ -177,7 +177,7 @@ fn attention_on_filled_tiles_cuts_items_at_tile_edges() {
     // tokens (S1's) at 32 tokens a tile (64 rows, GQA 2), around odd ones and a second prefix.
     let mut items = vec![20; 13];
     items.extend([1, 17, 65, 31, 32, 33]);
-    let case = Case { groups: vec![(70, items), (0, vec![5, 40]), (3, vec![64])], q_heads: 4, kv_heads: 2, head_dim: 32 };
+    let case = Case { groups: vec![(70, items), (0, vec![5, 40]), (3, vec![64])], q_heads: 4, kv_heads: 2, head_dim: 32, ..Default::default() };
     let expected = case.expected(71);
     let filled = |shape: TileShape| shape.with_packing(TilePacking::Filled);
     let shape = TileShape::default();
@@ -193,9 +193,42 @@ fn attention_on_filled_tiles_cuts_items_at_tile_edges() {
     }
 }
 
+fn attention_rescales_where_later_keys_pass_the_running_maximum() {
+    // The flash kernel moves a row's running maximum only when a step's scores pass it by more
+    // than its slack (8 in scaled scores), and then rescales what the row has summed. Keys
+    // i.i.d. never get that far past the first step's maximum: here the prefix's keys grow
+    // along it, and the test first checks that its rows do.
+    let case = Case { groups: vec![(300, vec![20, 7, 1]), (40, vec![3])], q_heads: 4, kv_heads: 2, head_dim: 32, rising_keys: true };
+    let seed = 91;
+    let (queries, _, _, prefixes) = case.inputs(seed);
+    let (d, group, prefix_len) = (case.head_dim, case.q_heads / case.kv_heads, case.groups[0].0);
+    let step = TileShape::default().keys;
+    // The first item's rows (its tokens × query heads) against the first prefix.
+    let rows = case.groups[0].1[0] * case.q_heads;
+    let passing = (0..rows)
+        .filter(|row| {
+            let (query, kv_head) = (&queries[row * d..][..d], row % case.q_heads / group);
+            let score = |key: usize| prefixes[0].0[(kv_head * prefix_len + key) * d..][..d].iter().zip(query).map(|(k, q)| k * q).sum::<f32>() / (d as f32).sqrt();
+            let first_step = (0..step).map(score).fold(f32::MIN, f32::max);
+            (step..prefix_len).map(score).fold(f32::MIN, f32::max) > first_step + 8.0
+        })
+        .count();
+    assert!(passing * 2 > rows, "only {passing} of {rows} rows pass their first step's maximum by the slack");
+    let expected = case.expected(seed);
+    let shape = TileShape::default();
+    for kernel in [
+        AttentionKernel::Flash(shape),
+        AttentionKernel::Flash(shape.with_stages(1).expect("a built shape")),
+        AttentionKernel::Flash(shape.with_warp_rows(32).expect("64 rows hold warps of 32")),
+        AttentionKernel::Flash(TileShape::new(32, 32).expect("a built shape")),
+    ] {
+        assert_close(&case.kernel::<f32>(seed, kernel), &expected, 1e-4, &format!("{kernel:?} ({}), {}", case.launched::<f32>(kernel), case.name()));
+    }
+}
+
 fn attention_through_the_fusion_backend_matches() {
     // The default `Wgpu`/`Cuda` types go through Burn's fusion layer: the wiring in tally-model.
-    let case = Case { groups: vec![(40, vec![3, 9]), (7, vec![18])], q_heads: 4, kv_heads: 2, head_dim: 32 };
+    let case = Case { groups: vec![(40, vec![3, 9]), (7, vec![18])], q_heads: 4, kv_heads: 2, head_dim: 32, ..Default::default() };
     for route in [AttentionRoute::Kernel, AttentionRoute::Tiled(TileShape::default()), AttentionRoute::Flash(TileShape::default())] {
         assert_close(&case.routed_on::<Fused>(7, route), &case.expected(7), 1e-4, &format!("fused, {route:?}"));
     }
@@ -422,12 +455,12 @@ fn the_cascade_on_the_gpu_matches_the_cpu() {
     // `matmuls_with_an_odd_multiple_of_8_inside_are_right`). The 600-key prefix is that defect's
     // other shape (weights · values).
     let cases = [
-        Case { groups: vec![(1500, vec![1]), (1000, vec![2])], q_heads: 4, kv_heads: 1, head_dim: 24 },
-        Case { groups: vec![(600, vec![5, 3])], q_heads: 4, kv_heads: 2, head_dim: 16 },
-        Case { groups: vec![(5, vec![1, 2, 3])], q_heads: 4, kv_heads: 2, head_dim: 16 },
-        Case { groups: vec![(50, vec![1, 2, 3, 4, 5, 6, 7, 8])], q_heads: 4, kv_heads: 2, head_dim: 16 },
-        Case { groups: vec![(50, vec![1, 2, 3, 4, 5, 6, 7, 8])], q_heads: 2, kv_heads: 1, head_dim: 16 },
-        Case { groups: vec![(9, vec![3, 40, 5]), (0, vec![2, 2])], q_heads: 4, kv_heads: 1, head_dim: 32 },
+        Case { groups: vec![(1500, vec![1]), (1000, vec![2])], q_heads: 4, kv_heads: 1, head_dim: 24, ..Default::default() },
+        Case { groups: vec![(600, vec![5, 3])], q_heads: 4, kv_heads: 2, head_dim: 16, ..Default::default() },
+        Case { groups: vec![(5, vec![1, 2, 3])], q_heads: 4, kv_heads: 2, head_dim: 16, ..Default::default() },
+        Case { groups: vec![(50, vec![1, 2, 3, 4, 5, 6, 7, 8])], q_heads: 4, kv_heads: 2, head_dim: 16, ..Default::default() },
+        Case { groups: vec![(50, vec![1, 2, 3, 4, 5, 6, 7, 8])], q_heads: 2, kv_heads: 1, head_dim: 16, ..Default::default() },
+        Case { groups: vec![(9, vec![3, 40, 5]), (0, vec![2, 2])], q_heads: 4, kv_heads: 1, head_dim: 32, ..Default::default() },
     ];
     for case in cases {
         let expected = case.expected(11);
@@ -871,6 +904,7 @@ fn main() {
         attention_every_tile_shape,
         attention_reads_keys_and_values_where_the_qkv_projection_wrote_them,
         attention_on_filled_tiles_cuts_items_at_tile_edges,
+        attention_rescales_where_later_keys_pass_the_running_maximum,
         attention_through_the_fusion_backend_matches,
         add_rms_norm_matches_float64,
         norm_rope_matches_float64,

@@ -21,13 +21,13 @@ fn attention_in_f16_accumulates_in_f32() {
     // take); elsewhere in registers. The shapes straddle their 16-key steps and 16-row planes.
     println!("tile kernels in f16 on tensor cores: {tensor_cores}");
     let cases = [
-        Case { groups: vec![(700, vec![20, 65, 1]), (3, vec![17])], q_heads: 8, kv_heads: 4, head_dim: 64 },
-        Case { groups: vec![(2020, vec![20, 20, 3]), (0, vec![5, 1]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128 },
-        Case { groups: vec![(15, vec![15, 16, 17]), (1, vec![1]), (17, vec![33])], q_heads: 6, kv_heads: 2, head_dim: 16 },
+        Case { groups: vec![(700, vec![20, 65, 1]), (3, vec![17])], q_heads: 8, kv_heads: 4, head_dim: 64, ..Default::default() },
+        Case { groups: vec![(2020, vec![20, 20, 3]), (0, vec![5, 1]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128, ..Default::default() },
+        Case { groups: vec![(15, vec![15, 16, 17]), (1, vec![1]), (17, vec![33])], q_heads: 6, kv_heads: 2, head_dim: 16, ..Default::default() },
         // Prefixes at the 64-key step (its last step full: unmasked) and just under it; items of
         // 16/17 tokens (32/34 rows: a 32-row warp's edge) — cp.async and 32 rows a warp on
         // tensor cores, which the float32 cases never reach.
-        Case { groups: vec![(64, vec![16, 17]), (128, vec![15, 33]), (63, vec![1])], q_heads: 8, kv_heads: 4, head_dim: 64 },
+        Case { groups: vec![(64, vec![16, 17]), (128, vec![15, 33]), (63, vec![1])], q_heads: 8, kv_heads: 4, head_dim: 64, ..Default::default() },
     ];
     for (seed, case) in cases.iter().enumerate() {
         let expected = case.expected(seed as u64);
@@ -63,7 +63,7 @@ fn attention_in_f16_reads_values_where_the_qkv_projection_wrote_them() {
     // default flash tile (cp.async, 32 rows a warp) on tensor cores. Rows padded by 8 elements
     // keep 16-byte vectors; by 2, vectors of one 32-bit word; by 1, a stride of half a word,
     // which no tile kernel reads (the row kernel does).
-    let case = Case { groups: vec![(130, vec![16, 17, 1, 20, 20, 20, 20]), (0, vec![33])], q_heads: 16, kv_heads: 8, head_dim: 128 };
+    let case = Case { groups: vec![(130, vec![16, 17, 1, 20, 20, 20, 20]), (0, vec![33])], q_heads: 16, kv_heads: 8, head_dim: 128, ..Default::default() };
     let expected = case.expected(61);
     let tile = TileShape::new(128, 64).expect("a built shape").with_staging(KvStaging::CopyAsync);
     // CUDA's default tile, the same with filled tiles (items cut at tile edges) and with two
@@ -218,8 +218,8 @@ fn elementwise_kernels_in_f16() {
 /// f16's roundings of inputs, weights and outputs remain.
 fn the_cascade_in_f16_merges_in_float32() {
     let cases = [
-        Case { groups: vec![(2020, vec![20, 20, 3]), (0, vec![5, 1]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128 },
-        Case { groups: vec![(600, vec![5, 3]), (1, vec![1])], q_heads: 4, kv_heads: 2, head_dim: 16 },
+        Case { groups: vec![(2020, vec![20, 20, 3]), (0, vec![5, 1]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128, ..Default::default() },
+        Case { groups: vec![(600, vec![5, 3]), (1, vec![1])], q_heads: 4, kv_heads: 2, head_dim: 16, ..Default::default() },
     ];
     use tally_shaders::MatmulRoute;
     // (matmul route, float32 scores where cuBLASLt can write them).

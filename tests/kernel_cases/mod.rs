@@ -103,11 +103,16 @@ pub fn assert_close(got: &[f32], expected: &[f32], tolerance: f32, what: &str) {
 }
 
 /// One attention problem: groups of (prefix length, item lengths), heads and head size.
+#[derive(Default)]
 pub struct Case {
     pub groups: Vec<(usize, Vec<usize>)>,
     pub q_heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// Each prefix's keys scaled up along it (by 1 + 4 · position / length): its later keys'
+    /// scores pass the earlier ones' maxima by more than the flash kernel's slack, so a row's
+    /// running maximum moves and its output is rescaled after it has summed some of the prefix.
+    pub rising_keys: bool,
 }
 
 impl Case {
@@ -131,7 +136,16 @@ impl Case {
             .groups
             .iter()
             .enumerate()
-            .map(|(g, (len, _))| (random(seed + 10 + g as u64, kv * len * d, 2.0), random(seed + 20 + g as u64, kv * len * d, 1.0)))
+            .map(|(g, (len, _))| {
+                let mut keys = random(seed + 10 + g as u64, kv * len * d, 2.0);
+                if self.rising_keys {
+                    // `[kv, len, d]`: position `i / d % len`.
+                    for (i, key) in keys.iter_mut().enumerate() {
+                        *key *= 1.0 + 4.0 * (i / d % len) as f32 / *len as f32;
+                    }
+                }
+                (keys, random(seed + 20 + g as u64, kv * len * d, 1.0))
+            })
             .collect();
         (random(seed, tokens * q * d, 2.0), random(seed + 1, tokens * kv * d, 2.0), random(seed + 2, tokens * kv * d, 1.0), prefixes)
     }

@@ -47,6 +47,10 @@ pub(super) const HALVES: usize = 2;
 const COLUMNS: usize = 2;
 /// Lanes that hold one row of a block.
 pub(super) const QUAD: usize = 4;
+/// How far (in scaled scores: natural-log units of weight) a step's maximum may pass a row's
+/// running maximum before the running maximum moves and the row's output is rescaled
+/// ([`online_softmax`]). Weights then reach at most e^8 ≈ 2,981.
+const RESCALE_SLACK: f32 = 8.0;
 
 /// The row (0..16, in the plane) of element `e` of a lane's block.
 #[cube]
@@ -533,16 +537,20 @@ fn online_softmax<T: FragmentMath>(
     }
 
     // The quads' maxima, each row's running maximum and the correction of what it has summed.
-    // A row that sees no key yet keeps a maximum of NO_SCORE or NO_SCORE · scale: either is far
-    // below any real score, and its weights and sum stay 0. exp(0) = 1 while the row has seen
-    // nothing; 0-weighted history once it does.
+    // The running maximum moves only when a step's passes it by more than RESCALE_SLACK
+    // (FlashAttention-4's conditional rescaling): below that the weights are measured from a
+    // maximum up to the slack too low, at most e^slack, which float32 sums and bf16/f16 weights
+    // hold as well as any (the output divides by the sum of the same weights). A row that sees
+    // no key yet keeps a maximum of NO_SCORE or NO_SCORE · scale: either is far below any real
+    // score, and its weights and sum stay 0. exp(0) = 1 while the row has seen nothing;
+    // 0-weighted history once it does.
     let mut corrections = Array::<f32>::new(unit_rows);
     let mut any_correction = false;
     #[unroll]
     for r in 0..unit_rows {
         let row_max = T::quad_max(step_max[r], units) * scale;
         let previous = rows_state.maxima[r];
-        let running_max = f32::max(previous, row_max);
+        let running_max = select(row_max > previous + f32::new(RESCALE_SLACK), row_max, previous);
         corrections[r] = f32::exp(previous - running_max);
         any_correction = any_correction || corrections[r] != 1.0;
         rows_state.maxima[r] = running_max;
@@ -552,8 +560,11 @@ fn online_softmax<T: FragmentMath>(
     // The output rescaled, before the weights: the corrections are dead by then, and the
     // weights' exponentials and the weights × values multiply that reads them lie in one
     // stretch of code with no branch between. Where no row's maximum moved every correction is
-    // exactly 1 (`exp(0)`) and the output stays as it is: past the first steps of a long prefix
-    // that is most steps, and the rescale is `head_dim / 4` multiplies a row.
+    // exactly 1 (`exp(0)`) and the output stays as it is, `head_dim / 4` multiplies a row
+    // saved. A warp takes the branch if any of its rows moved: with the plain running maximum
+    // and scores alike in distribution, a row's maximum moves at step `s` with odds `1 / s`,
+    // and one of a warp's 32 rows at step 31 still about two times in three; with the slack, a step
+    // moves a row only by passing its maximum so far by e^8 in weight.
     if any_correction {
         #[unroll]
         for r in 0..unit_rows {
