@@ -537,7 +537,7 @@ fn online_softmax<T: FragmentMath>(
     }
 
     // The quads' maxima, each row's running maximum and the correction of what it has summed.
-    // The running maximum moves only when a step's passes it by more than RESCALE_SLACK
+    // The running maximum moves only when a step's maximum passes it by more than RESCALE_SLACK
     // (FlashAttention-4's conditional rescaling): below that the weights are measured from a
     // maximum up to the slack too low, at most e^slack, which float32 sums and bf16/f16 weights
     // hold as well as any (the output divides by the sum of the same weights). A row that sees
@@ -563,8 +563,9 @@ fn online_softmax<T: FragmentMath>(
     // exactly 1 (`exp(0)`) and the output stays as it is, `head_dim / 4` multiplies a row
     // saved. A warp takes the branch if any of its rows moved: with the plain running maximum
     // and scores alike in distribution, a row's maximum moves at step `s` with odds `1 / s`,
-    // and one of a warp's 32 rows at step 31 still about two times in three; with the slack, a step
-    // moves a row only by passing its maximum so far by e^8 in weight.
+    // one of a warp's 32 rows at step 31 still about two times in three (26 of S1's 31 steps
+    // after the first); with the slack, a step moves a row only by passing its maximum so far
+    // by e^8 in weight.
     if any_correction {
         #[unroll]
         for r in 0..unit_rows {
