@@ -195,7 +195,7 @@ fn attention_on_filled_tiles_cuts_items_at_tile_edges() {
 
 fn attention_rescales_where_later_keys_pass_the_running_maximum() {
     // The flash kernel moves a row's running maximum only when a step's scores pass it by more
-    // than its slack (8 in scaled scores), and then rescales what the row has summed. Keys
+    // than its slack (`RESCALE_SLACK` in scaled scores), and then rescales what the row has summed. Keys
     // i.i.d. never get that far past the first step's maximum: here the prefix's keys grow
     // along it, and the test first checks that its rows do.
     let case = Case { groups: vec![(300, vec![20, 7, 1]), (40, vec![3])], q_heads: 4, kv_heads: 2, head_dim: 32, rising_keys: true };
@@ -210,7 +210,7 @@ fn attention_rescales_where_later_keys_pass_the_running_maximum() {
             let (query, kv_head) = (&queries[row * d..][..d], row % case.q_heads / group);
             let score = |key: usize| prefixes[0].0[(kv_head * prefix_len + key) * d..][..d].iter().zip(query).map(|(k, q)| k * q).sum::<f32>() / (d as f32).sqrt();
             let first_step = (0..step).map(score).fold(f32::MIN, f32::max);
-            (step..prefix_len).map(score).fold(f32::MIN, f32::max) > first_step + 8.0
+            (step..prefix_len).map(score).fold(f32::MIN, f32::max) > first_step + tally_shaders::RESCALE_SLACK
         })
         .count();
     assert!(passing * 2 > rows, "only {passing} of {rows} rows pass their first step's maximum by the slack");

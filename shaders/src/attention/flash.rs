@@ -50,7 +50,7 @@ pub(super) const QUAD: usize = 4;
 /// How far (in scaled scores: natural-log units of weight) a step's maximum may pass a row's
 /// running maximum before the running maximum moves and the row's output is rescaled
 /// ([`online_softmax`]). Weights then reach at most e^8 ≈ 2,981.
-const RESCALE_SLACK: f32 = 8.0;
+pub const RESCALE_SLACK: f32 = 8.0;
 
 /// The row (0..16, in the plane) of element `e` of a lane's block.
 #[cube]

@@ -34,6 +34,7 @@ mod rows;
 mod tiled;
 mod walk;
 
+pub use flash::RESCALE_SLACK;
 pub use mma_tile::{fragment_loads, MMA_SHAPE};
 
 /// Below any real score, and finite: WGSL cannot spell −∞.
