@@ -50,21 +50,22 @@ mod tests {
     #[test]
     fn back_to_back_runs_are_waited_for_once_a_group_and_timed_per_run() {
         let (issued, waits) = (Cell::new(0), Cell::new(0));
-        // Each run "issues" 2 ms of work that only the wait pays for, as a GPU queue does.
+        // Each run "issues" 20 ms of work that only the wait pays for, as a GPU queue does.
         let seconds = median_seconds_back_to_back(
             3,
             4,
             || issued.set(issued.get() + 1),
             || -> Result<(), ()> {
-                std::thread::sleep(Duration::from_millis(2) * issued.replace(0));
+                std::thread::sleep(Duration::from_millis(20) * issued.replace(0));
                 waits.set(waits.get() + 1);
                 Ok(())
             },
         )
         .unwrap();
         assert_eq!(waits.get(), 4, "one wait after the warm-up, one a group");
-        // Not divided by the runs it would be 8 ms; the margin is for a busy machine's sleeps.
-        assert!((0.002..0.006).contains(&seconds), "{seconds} s a run, 2 ms of work each");
+        // Not divided by the runs it would be 80 ms. The margin is for a busy machine's sleeps:
+        // to fail, two of the three groups would each have to oversleep by 160 ms.
+        assert!((0.02..0.06).contains(&seconds), "{seconds} s a run, 20 ms of work each");
     }
 
     #[test]
