@@ -51,6 +51,10 @@ pub(super) const QUAD: usize = 4;
 /// running maximum before the running maximum moves and the row's output is rescaled
 /// ([`online_softmax`]). Weights then reach at most e^8 ≈ 2,981.
 pub const RESCALE_SLACK: f32 = 8.0;
+/// The score a masked step gives the keys a row does not see: scaled by any `1 / √head_dim`
+/// it stays far below NO_SCORE, a running maximum's first value (finite: WGSL cannot spell
+/// −∞), so such a key is no row's maximum and its weight is 0.
+const MASKED_SCORE: f32 = -1.0e38;
 
 /// The row (0..16, in the plane) of element `e` of a lane's block.
 #[cube]
@@ -466,8 +470,9 @@ fn finish_step<F: Float, T: FragmentMath>(
 }
 
 /// Step 3 for all of a unit's rows (row `r`: `half` `r % 2` of block `r / 2`), phase by phase:
-/// every row's largest score, then the quads' maxima and each row's correction (of its partial
-/// sum at once), then the output rescaled, then the weights and sums. Each row's scores
+/// on a masked step the scores of keys a row does not see replaced (once, for both phases that
+/// read them), every row's largest score, then the quads' maxima and each row's correction (of
+/// its partial sum at once), then the output rescaled, then the weights and sums. Each row's scores
 /// (`weights`' elements of that row, unscaled) become the weights of the keys it sees —
 /// [`visible_keys`] of the step where `masked`, all of them otherwise —, its running maximum and
 /// partial sum move on, and its output fragments are rescaled.
@@ -477,7 +482,8 @@ fn finish_step<F: Float, T: FragmentMath>(
 /// behind its own mask and rescale branches (15 on a full step's path in the sm_90a code, 6
 /// now). Maxima are of unscaled scores (`scale` > 0 keeps their order), each weight is one
 /// `exp(score · scale − max)`, and masks are selects, not branches (a branch per element cost a
-/// reconvergence point each). The maximum and the sum run as one chain per column of the unit's
+/// reconvergence point each), made once a step (the maxima and the weights each masked their
+/// own way cost a masked step twice the selects and reads of the rows' tokens). The maximum and the sum run as one chain per column of the unit's
 /// pairs, halving their dependent lengths. `masked` is uniform over the cube; the quad's
 /// exchanges stay outside its branches (on the register fragments each call site of one
 /// allocates its own shared memory).
@@ -501,39 +507,39 @@ fn online_softmax<T: FragmentMath>(
     let units = comptime![flash_units(rows, blocks)];
     let unit_rows = comptime![blocks * HALVES];
 
-    // Each row's largest score of the step, over the keys it sees.
-    let mut step_max = Array::<f32>::new(unit_rows);
+    // A masked step first sets the scores of the keys a row does not see to MASKED_SCORE, so
+    // that from here on both kinds of step run the same code: such a key can be no row's
+    // maximum, and its weight below is exp(MASKED_SCORE · scale − running maximum) = 0.
     if masked {
         #[unroll]
         for r in 0..unit_rows {
             let (from, to) = row_visible_keys(cube_rows, tile, step, plane_row, lane, r);
-            let mut column_max = Array::<f32>::new(COLUMNS);
             #[unroll]
-            for column in 0..COLUMNS {
-                column_max[column] = f32::new(NO_SCORE);
+            for block in 0..comptime![step_keys / 8] {
                 #[unroll]
-                for block in 0..comptime![step_keys / 8] {
+                for column in 0..COLUMNS {
+                    let index = score_index(r, block, column, step_keys);
                     let key = block * 8 + fragment_column(lane, 2 * (r % HALVES) + column);
-                    let score = select(key >= from && key < to, weights[score_index(r, block, column, step_keys)], f32::new(NO_SCORE));
-                    column_max[column] = f32::max(column_max[column], score);
+                    weights[index] = select(key >= from && key < to, weights[index], f32::new(MASKED_SCORE));
                 }
             }
-            step_max[r] = f32::max(column_max[0], column_max[1]);
         }
-    } else {
+    }
+
+    // Each row's largest score of the step.
+    let mut step_max = Array::<f32>::new(unit_rows);
+    #[unroll]
+    for r in 0..unit_rows {
+        let mut column_max = Array::<f32>::new(COLUMNS);
         #[unroll]
-        for r in 0..unit_rows {
-            let mut column_max = Array::<f32>::new(COLUMNS);
+        for column in 0..COLUMNS {
+            column_max[column] = weights[score_index(r, 0, column, step_keys)];
             #[unroll]
-            for column in 0..COLUMNS {
-                column_max[column] = weights[score_index(r, 0, column, step_keys)];
-                #[unroll]
-                for block in 1..comptime![step_keys / 8] {
-                    column_max[column] = f32::max(column_max[column], weights[score_index(r, block, column, step_keys)]);
-                }
+            for block in 1..comptime![step_keys / 8] {
+                column_max[column] = f32::max(column_max[column], weights[score_index(r, block, column, step_keys)]);
             }
-            step_max[r] = f32::max(column_max[0], column_max[1]);
         }
+        step_max[r] = f32::max(column_max[0], column_max[1]);
     }
 
     // The quads' maxima, each row's running maximum and the correction of what it has summed.
@@ -541,9 +547,9 @@ fn online_softmax<T: FragmentMath>(
     // (FlashAttention-4's conditional rescaling): below that the weights are measured from a
     // maximum up to the slack too low, at most e^slack, which float32 sums and bf16/f16 weights
     // hold as well as any (the output divides by the sum of the same weights). A row that sees
-    // no key yet keeps a maximum of NO_SCORE or NO_SCORE · scale: either is far below any real
-    // score, and its weights and sum stay 0. exp(0) = 1 while the row has seen nothing;
-    // 0-weighted history once it does.
+    // no key yet keeps its first maximum, NO_SCORE, far below any real score, since a step of
+    // masked keys only reaches MASKED_SCORE · scale, further below: its weights and sum stay 0,
+    // its correction exp(0) = 1 while it has seen nothing, 0-weighted history once it does.
     let mut corrections = Array::<f32>::new(unit_rows);
     let mut any_correction = false;
     #[unroll]
@@ -581,47 +587,23 @@ fn online_softmax<T: FragmentMath>(
     }
 
     // The weights and each row's partial sum.
-    if masked {
+    #[unroll]
+    for r in 0..unit_rows {
+        let running_max = rows_state.maxima[r];
+        let mut column_sum = Array::<f32>::new(COLUMNS);
+        column_sum[0] = rows_state.sums[r];
+        column_sum[1] = f32::new(0.0);
         #[unroll]
-        for r in 0..unit_rows {
-            let (from, to) = row_visible_keys(cube_rows, tile, step, plane_row, lane, r);
-            let running_max = rows_state.maxima[r];
-            let mut column_sum = Array::<f32>::new(COLUMNS);
-            column_sum[0] = rows_state.sums[r];
-            column_sum[1] = f32::new(0.0);
+        for block in 0..comptime![step_keys / 8] {
             #[unroll]
-            for block in 0..comptime![step_keys / 8] {
-                #[unroll]
-                for column in 0..COLUMNS {
-                    let index = score_index(r, block, column, step_keys);
-                    let key = block * 8 + fragment_column(lane, 2 * (r % HALVES) + column);
-                    // A masked key's argument is NO_SCORE: its weight is exp(NO_SCORE) = 0.
-                    let weight = f32::exp(select(key >= from && key < to, weights[index] * scale - running_max, f32::new(NO_SCORE)));
-                    weights[index] = weight;
-                    column_sum[column] += weight;
-                }
+            for column in 0..COLUMNS {
+                let index = score_index(r, block, column, step_keys);
+                let weight = f32::exp(weights[index] * scale - running_max);
+                weights[index] = weight;
+                column_sum[column] += weight;
             }
-            rows_state.sums[r] = column_sum[0] + column_sum[1];
         }
-    } else {
-        #[unroll]
-        for r in 0..unit_rows {
-            let running_max = rows_state.maxima[r];
-            let mut column_sum = Array::<f32>::new(COLUMNS);
-            column_sum[0] = rows_state.sums[r];
-            column_sum[1] = f32::new(0.0);
-            #[unroll]
-            for block in 0..comptime![step_keys / 8] {
-                #[unroll]
-                for column in 0..COLUMNS {
-                    let index = score_index(r, block, column, step_keys);
-                    let weight = f32::exp(weights[index] * scale - running_max);
-                    weights[index] = weight;
-                    column_sum[column] += weight;
-                }
-            }
-            rows_state.sums[r] = column_sum[0] + column_sum[1];
-        }
+        rows_state.sums[r] = column_sum[0] + column_sum[1];
     }
 }
 
