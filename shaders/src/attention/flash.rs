@@ -131,7 +131,7 @@ pub(super) trait FragmentMath: 'static + Send + Sync {
 /// Fast math: `exp` as `ex2.approx` and the final division by a row's sum as a reciprocal on
 /// CUDA (`__expf`, `__fdividef`), weights within a few ulp. Its promise of no NaN or infinity
 /// holds for finite inputs: masked scores are replaced before they are used, and every
-/// exponential's argument is at most 0.
+/// exponential's argument is at most [`RESCALE_SLACK`] (a weight at most e^8).
 #[cube(launch_unchecked, fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf | FastMath::AllowReciprocal | FastMath::UnsignedZero)]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size>(
