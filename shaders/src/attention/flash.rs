@@ -472,8 +472,8 @@ fn finish_step<F: Float, T: FragmentMath>(
 /// Step 3 for all of a unit's rows (row `r`: `half` `r % 2` of block `r / 2`), phase by phase:
 /// on a masked step the scores of keys a row does not see replaced (once, for both phases that
 /// read them), every row's largest score, then the quads' maxima and each row's correction (of
-/// its partial sum at once), then the output rescaled, then the weights and sums. Each row's scores
-/// (`weights`' elements of that row, unscaled) become the weights of the keys it sees —
+/// its partial sum at once), then the output rescaled, then the weights and sums. Each row's
+/// scores (`weights`' elements of that row, unscaled) become the weights of the keys it sees —
 /// [`visible_keys`] of the step where `masked`, all of them otherwise —, its running maximum and
 /// partial sum move on, and its output fragments are rescaled.
 ///
@@ -482,11 +482,12 @@ fn finish_step<F: Float, T: FragmentMath>(
 /// behind its own mask and rescale branches (15 on a full step's path in the sm_90a code, 6
 /// now). Maxima are of unscaled scores (`scale` > 0 keeps their order), each weight is one
 /// `exp(score · scale − max)`, and masks are selects, not branches (a branch per element cost a
-/// reconvergence point each), made once a step (the maxima and the weights each masked their
-/// own way cost a masked step twice the selects and reads of the rows' tokens). The maximum and the sum run as one chain per column of the unit's
-/// pairs, halving their dependent lengths. `masked` is uniform over the cube; the quad's
-/// exchanges stay outside its branches (on the register fragments each call site of one
-/// allocates its own shared memory).
+/// reconvergence point each), made once a step (the maxima and the weights each masked on
+/// their own cost a masked step twice the selects and reads of the rows' tokens: 1,626 sm_90a
+/// instructions against 1,321 at the default tile). The maximum and the sum run as one chain
+/// per column of the unit's pairs, halving their dependent lengths. `masked` is uniform over
+/// the cube; the quad's exchanges stay outside its branches (on the register fragments each
+/// call site of one allocates its own shared memory).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn online_softmax<T: FragmentMath>(
