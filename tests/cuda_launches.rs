@@ -45,11 +45,11 @@ use tally_core::{ModelLimits, PassBudget, ScoreInput};
 use tally_engine::{Scorer, ScorerOptions};
 use tally_model::{AttentionRoute, ElementwiseRoute, LabelRoute, Routes, ScoringBackend, TileShape};
 
-/// What `tally serve --backend cuda` runs in bfloat16 on offline device `ID` with tally's
+/// What `tally serve --backend cuda` runs in bfloat16 on the offline runtime with tally's
 /// elementwise kernels (`--fusion auto`: off)...
-type Unfused<const ID: u16> = CubeBackend<OfflineCuda<ID>, bf16, i32, u8>;
+type Unfused = CubeBackend<OfflineCuda<1>, bf16, i32, u8>;
 /// ...and with Burn's elementwise ops, or `--fusion on`.
-type Fused<const ID: u16> = Fusion<Unfused<ID>>;
+type Fused = Fusion<Unfused>;
 
 /// Whether the server runs `routes` through Burn's fusion (`--fusion auto`).
 fn served_fused(routes: Routes) -> bool {
@@ -79,14 +79,14 @@ fn other_routes() -> [(&'static str, Routes); 2] {
 /// and item lengths), so new requests compile new ones, as CubeK's matmuls do.
 const CASCADE: (&str, Routes) = ("cascade attention, burn elementwise", Routes { attention: AttentionRoute::Cascade, elementwise: ElementwiseRoute::Burn, labels: LabelRoute::Kernel });
 
-/// The server's scorer on backend `B` over offline device `ID` (fresh: nothing compiled, nothing
-/// tuned, unless another scorer used that device first).
-fn scorer<B: ScoringBackend<Device = OfflineDevice<ID>>, const ID: u16>(layers: usize) -> Scorer<B> {
+/// The server's scorer on backend `B` over offline device `device` (fresh: nothing compiled,
+/// nothing tuned, unless another scorer used that device first).
+fn scorer<B: ScoringBackend<Device = OfflineDevice<1>>>(device: u16, layers: usize) -> Scorer<B> {
     let mut config = tally_model::presets::preset("qwen3-0.6b").expect("a preset");
     config.num_hidden_layers = layers;
     let opened = tally_model::random::random_model(&config, 0).expect("random weights");
     let options = ScorerOptions { pass_budget: PassBudget { max_tokens: PASS_TOKENS, ..PassBudget::default() }, prefix_cache_bytes: 1 << 30, ..ScorerOptions::default() };
-    Scorer::from_opened(opened, "qwen3-0.6b".into(), &OfflineDevice::<ID>, options, &mut |_, _| {}).expect("the model loads")
+    Scorer::from_opened(opened, "qwen3-0.6b".into(), &OfflineDevice { index: device }, options, &mut |_, _| {}).expect("the model loads")
 }
 
 /// Deterministic token ids: `len` of them, different for each `seed`.
@@ -152,8 +152,8 @@ fn compiles(counts: &Counts) -> (Vec<(&'static str, u64)>, Vec<(&'static str, u6
 /// After the warm-up, the traffic compiles nothing but kernels sized by exact shape, on each
 /// route but the cascade (counted only).
 fn nothing_compiles_after_the_warm_up() {
-    let mut fused = scorer::<Fused<1>, 1>(3);
-    let mut unfused = scorer::<Unfused<1>, 1>(3);
+    let mut fused = scorer::<Fused>(1, 3);
+    let mut unfused = scorer::<Unfused>(1, 3);
     for (name, routes) in routes().into_iter().chain(other_routes()).chain([CASCADE]) {
         if served_fused(routes) {
             compiles_nothing_after_the_warm_up(&mut fused, name, routes);
@@ -189,8 +189,8 @@ fn compiles_nothing_after_the_warm_up<B: ScoringBackend>(scorer: &mut Scorer<B>,
 /// start the issue wants under 60 s.
 fn what_the_warm_up_compiles_from_cold() {
     let [default, flash] = routes();
-    let default = warm_up_compiles(scorer::<Fused<2>, 2>(3), default);
-    let flash = warm_up_compiles(scorer::<Unfused<3>, 3>(3), flash);
+    let default = warm_up_compiles(scorer::<Fused>(2, 3), default);
+    let flash = warm_up_compiles(scorer::<Unfused>(3, 3), flash);
     // The flash route's layers are tally's kernels where the default's are Burn's fused
     // elementwise ops and reductions, each compiled per fusion trace and size class.
     assert!(flash.burn < default.burn, "the flash and elementwise kernels route compiles fewer of Burn's kernels in its warm-up: {flash:?} against {default:?}");
@@ -248,9 +248,9 @@ fn short_name(kernel: &str) -> String {
 fn the_launch_census_of_a_warm_s1_request() {
     let [default, flash] = routes();
     let report = vec![
-        s1_census(&mut scorer::<Fused<1>, 1>(28), default, true),
-        s1_census(&mut scorer::<Unfused<5>, 5>(28), flash, false),
-        s1_census(&mut scorer::<Fused<6>, 6>(28), flash, true),
+        s1_census(&mut scorer::<Fused>(1, 28), default, true),
+        s1_census(&mut scorer::<Unfused>(5, 28), flash, false),
+        s1_census(&mut scorer::<Fused>(6, 28), flash, true),
     ];
     let host_ms = |run: &serde_json::Value| run["host_ms_per_request"].as_f64().expect("timed");
     println!("\nflash attention, elementwise kernels: {:.1} ms of host time a warm S1 request unfused (the server's default), {:.1} ms through Burn's fusion", host_ms(&report[1]), host_ms(&report[2]));
@@ -317,7 +317,7 @@ fn s1_census<B: ScoringBackend>(scorer: &mut Scorer<B>, (name, routes): (&str, R
 /// would rather run one pass of many.
 fn the_launch_census_of_load_batches() {
     const SIZES: [usize; 4] = [1, 8, 32, 64];
-    let mut scorer = scorer::<Unfused<4>, 4>(28);
+    let mut scorer = scorer::<Unfused>(4, 28);
     let limits = scorer.preparer().limits();
     let (name, routes) = routes()[1];
     scorer.set_routes(routes);

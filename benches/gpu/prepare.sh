@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tally-target}"
 mkdir -p .gpu .gl
+# The same fingerprint for the vendored cubecl-cuda as CI's clone (Burn's CUDA stack built once).
+scripts/vendor-mtimes.sh
 for build in "cuda --no-default-features --features cuda" "wgpu"; do
     set -- $build
     name=$1; shift

@@ -62,12 +62,18 @@ if [ "$dry" = 1 ]; then
     gpu=cpu; gpu_dtypes="float32"; preset=tiny; items=50; requests=3; iterations=2
     load_dtype=float32; load_levels="2 4"; load_seconds=4; python=${TALLY_SUITE_PYTHON:-python3}
     matmuls=cubecl; split_tokens=512; tiles=${TALLY_SUITE_TILES:-128x32}
+    # A rehearsal checks that every command runs, not the numbers (the workspace's tests check
+    # those): one layer's attention at an eighth of S1's prefix and a quarter of its heads, and the
+    # fixtures' cases on the two tied-embedding models (`tied_` names `untied_` too). At S1's
+    # shape and every case, the rehearsal took ~16 of CI's 90 minutes on 2 cores (59 s so).
+    attention_shape=(--prefix 256 --q-heads 4 --kv-heads 2); cases_default=tied_
 else
     for b in cuda wgpu; do xz -dc .gpu/tally-$b.xz >$bin/tally-$b && chmod +x $bin/tally-$b; done
     cuda=$bin/tally-cuda; wgpu=$bin/tally-wgpu
     gpu=cuda; gpu_dtypes=${TALLY_SUITE_DTYPES:-float32 bfloat16}; preset=qwen3-0.6b; items=500; requests=6; iterations=10
     load_dtype=bfloat16; load_levels="100 300 1000 2000"; load_seconds=15; python=python3
     matmuls=${TALLY_SUITE_MATMULS:-cublas cubecl}; split_tokens=8192
+    attention_shape=(); cases_default=
     # Compiled kernels (PTX) cached on disk: every process after the first skips NVRTC.
     printf '[compilation]\ncache = "target"\n' >cubecl.toml
     # cudarc dlopens libcuda, libnvrtc and libcublasLt by name: point the loader at wherever this
@@ -105,7 +111,7 @@ fixtures_stage() {
     # TALLY_SUITE_FIXTURE_DTYPES: the fixtures' own dtypes, so a run that times bf16 alone can
     # still check float32's 1e-3 (cheap beside the scenarios).
     for dtype in ${TALLY_SUITE_FIXTURE_DTYPES:-$gpu_dtypes}; do
-        tol="--tolerance 1e-3"; cases=${TALLY_SUITE_CASES:-}
+        tol="--tolerance 1e-3"; cases=${TALLY_SUITE_CASES:-$cases_default}
         # bf16 checks only the mild cases: the sharp ones are beyond any bf16 forward (fixtures-bf16-floor.json).
         [ "$dtype" = bfloat16 ] && tol="--tolerance 3e-2" && cases=${TALLY_SUITE_CASES:-mild_bf16}
         for attention in $attentions; do
@@ -132,22 +138,22 @@ fixtures_stage() {
 attention_stage() {
     local ok=0 last=${gpu_dtypes##* }
     for dtype in $gpu_dtypes; do
-        "$cuda" bench attention --backend $gpu --dtype $dtype --items $items --iterations $iterations "${tile_flags[@]}" --out "$out/attention-$gpu-$dtype.json" || ok=1
+        "$cuda" bench attention --backend $gpu --dtype $dtype --items $items "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" --out "$out/attention-$gpu-$dtype.json" || ok=1
     done
     for tile in $tiles; do
-        "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations "${tile_flags[@]}" \
+        "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" \
             --tile-rows ${tile%x*} --tile-keys ${tile#*x} --routes tiled,flash --out "$out/attention-$gpu-$last-tile-$tile.json" || ok=1
     done
-    "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --tile-stages 1 --routes flash --out "$out/attention-$gpu-$last-one-stage.json" || ok=1
+    "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --tile-stages 1 --routes flash --out "$out/attention-$gpu-$last-one-stage.json" || ok=1
     # The cascade's softmax in Burn's ops (the first run above has tally's kernel where the
     # elementwise route is the kernels', CUDA's default).
-    "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --elementwise burn --routes cascade --out "$out/attention-$gpu-$last-cascade-burn-softmax.json" || ok=1
+    "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --elementwise burn --routes cascade --out "$out/attention-$gpu-$last-cascade-burn-softmax.json" || ok=1
     # Its scores rounded to the model's dtype (half the bytes; the first run has cuBLASLt's
     # float32 accumulators as they are).
-    "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --cascade-scores model --routes cascade --out "$out/attention-$gpu-$last-cascade-model-scores.json" || ok=1
-    "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations --fragment-loads elements --routes tiled,flash --out "$out/attention-$gpu-$last-element-loads.json" || ok=1
+    "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --cascade-scores model --routes cascade --out "$out/attention-$gpu-$last-cascade-model-scores.json" || ok=1
+    "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --fragment-loads elements --routes tiled,flash --out "$out/attention-$gpu-$last-element-loads.json" || ok=1
     for variant in $flash_variants; do
-        "$cuda" bench attention --backend $gpu --dtype $last --items $items --iterations $iterations "${tile_flags[@]}" $(variant_flags $variant) --routes flash \
+        "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" $(variant_flags $variant) --routes flash \
             --out "$out/attention-$gpu-$last-${variant%%=*}.json" || ok=1
     done
     return $ok
@@ -370,9 +376,10 @@ kernels_stage() {
 wgpu_stage() {
     local ok=0 backend=wgpu block=(--matmul block)
     [ "$dry" = 1 ] && backend=cpu && block=()
-    python3 benches/gpu/check_fixtures.py "$wgpu" --backend $backend --out "$out/fixtures-$backend-wgpu-build.json" || ok=1
-    python3 benches/gpu/check_fixtures.py "$wgpu" --backend $backend "${block[@]}" --out "$out/fixtures-$backend-wgpu-build-block.json" || ok=1
-    "$wgpu" bench attention --backend $backend --items $items --iterations $iterations --out "$out/attention-wgpu-float32.json" || ok=1
+    local cases=${TALLY_SUITE_CASES:-$cases_default}
+    python3 benches/gpu/check_fixtures.py "$wgpu" --backend $backend --cases "$cases" --out "$out/fixtures-$backend-wgpu-build.json" || ok=1
+    python3 benches/gpu/check_fixtures.py "$wgpu" --backend $backend "${block[@]}" --cases "$cases" --out "$out/fixtures-$backend-wgpu-build-block.json" || ok=1
+    "$wgpu" bench attention --backend $backend --items $items "${attention_shape[@]}" --iterations $iterations --out "$out/attention-wgpu-float32.json" || ok=1
     make_model || return 1
     "$wgpu" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $backend --out "$out/scenario-s1-wgpu-float32.json" || ok=1
     "$wgpu" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $backend "${block[@]}" --out "$out/scenario-s1-wgpu-float32-block.json" || ok=1

@@ -127,18 +127,24 @@ pub fn running(what: impl Into<String>) {
     *RUNNING.lock().unwrap() = what.into();
 }
 
-/// Offline device `ID`. Burn keeps a device's default float type by its id, set by the first
-/// backend that uses it, so each float type a process compiles for needs a device of its own.
+/// Offline device `index` of runtime `ID`. Burn keeps a device's default float type by its id,
+/// set by the first backend that uses it, so each float type a process compiles for needs a
+/// device of its own; each device has its own server, so a fresh `index` is a device on which
+/// nothing has compiled yet. The index is a value, not a type, so that scorers on fresh devices
+/// share one backend type: each type is the whole model and Burn monomorphised again (7 of
+/// them made `cuda_launches` 7 minutes of CI's build).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct OfflineDevice<const ID: u16>;
+pub struct OfflineDevice<const ID: u16> {
+    pub index: u16,
+}
 
 impl<const ID: u16> Device for OfflineDevice<ID> {
-    fn from_id(_: DeviceId) -> Self {
-        OfflineDevice
+    fn from_id(id: DeviceId) -> Self {
+        OfflineDevice { index: id.index_id }
     }
     fn to_id(&self) -> DeviceId {
         // Type ids of their own, so the registries never mix them with a real CUDA device.
-        DeviceId { type_id: 700 + ID, index_id: 0 }
+        DeviceId { type_id: 700 + ID, index_id: self.index }
     }
 }
 
@@ -173,7 +179,7 @@ impl<const ID: u16> Runtime for OfflineCuda<ID> {
         CudaRuntime::target_properties()
     }
     fn enumerate_devices(_: u16, _: &()) -> Vec<DeviceId> {
-        vec![OfflineDevice::<ID>.to_id()]
+        vec![OfflineDevice::<ID>::default().to_id()]
     }
 }
 
