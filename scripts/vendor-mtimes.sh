@@ -15,4 +15,11 @@ if ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     echo "vendor-mtimes: not a git clone, vendor/ keeps its files' times" >&2
     exit 0
 fi
+# With vendor/ edited and not committed, the commit's time would hide the edit from Cargo (the
+# fingerprint compares times, not contents) and a build would reuse the last one: leave the
+# times, and the edit's own newer time rebuilds it.
+if ! git diff --quiet HEAD -- vendor; then
+    echo "vendor-mtimes: vendor/ has uncommitted changes, its files keep their times" >&2
+    exit 0
+fi
 git ls-files -z vendor | xargs -0 touch -d "@$(git log -1 --format=%ct -- vendor)"
