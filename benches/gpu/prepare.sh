@@ -1,27 +1,28 @@
 #!/usr/bin/env bash
 # Builds what the GPU suite carries to the GPU machine (which has no cargo registry and no
-# Vulkan loader): the CUDA and the default (CPU + wgpu) `tally` and the kernel tests built for
-# CUDA, stripped and xz-packed into .gpu/, and the Vulkan/GL loader packages into .gl/. Both folders are git-ignored; name them in
-# the device run's `carry`. Then, there: `benches/gpu/suite.sh`.
+# Vulkan loader): `tally` with its CUDA, wgpu and CPU backends and the kernel tests built for
+# CUDA, stripped and xz-packed into .gpu/, and the Vulkan/GL loader packages into .gl/. Both
+# folders are git-ignored; name them in the device run's `carry`. Then, there:
+# `benches/gpu/suite.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tally-target}"
 mkdir -p .gpu .gl
 # The same fingerprint for the vendored cubecl-cuda as CI's clone (Burn's CUDA stack built once).
 scripts/vendor-mtimes.sh
-for build in "cuda --no-default-features --features cuda" "wgpu"; do
-    set -- $build
-    name=$1; shift
-    cargo build --release --locked -p tally "$@"
-    strip -o ".gpu/tally-$name" "$CARGO_TARGET_DIR/release/tally"
-    xz -T0 -6 -f ".gpu/tally-$name"
-done
-# The kernel tests, built for CUDA: each kernel alone, then every fixture model's forward pass.
-# (Not cuda_codegen nor cuda_launches: they run on an offline runtime, here and in CI, and need
-# no GPU.)
-cargo test --release --locked -p tally-shaders --features cuda --no-run --message-format=json | benches/gpu/test_executables.py |
+# The `tally` the README's `cargo test-all` builds (and CI tests): CUDA, wgpu and the CPU in one
+# binary, so the CUDA and wgpu stages run the same build, and a session that has run the tests
+# has built it (on a cold machine each other feature set compiles Burn's stack once more).
+cargo test-all --no-run
+strip -o .gpu/tally "$CARGO_TARGET_DIR/release/tally"
+xz -T0 -6 -f .gpu/tally
+# The kernel tests, built for CUDA (feature `cuda`: each kernel alone, then every fixture
+# model's forward pass), in test-all's resolution otherwise, so that only tally's crates compile
+# again. (Not cuda_codegen nor cuda_launches: they run on an offline runtime, here and in CI,
+# and need no GPU.)
+cargo test --release --locked --workspace --features tally/cuda,tally-shaders/cuda --no-run --message-format=json \
+    --test kernels --test kernels_f16 --test models_on_gpu | benches/gpu/test_executables.py tally-shaders |
     while read -r name path; do
-        case "$name" in cuda_codegen | cuda_launches) continue ;; esac
         strip -o ".gpu/test-$name" "$path"
         xz -T0 -6 -f ".gpu/test-$name"
     done
