@@ -24,7 +24,7 @@
 //!
 //! ```sh
 //! cuda=$(tests/cuda_toolkit.sh)
-//! TALLY_CUDA_TOOLKIT=$cuda LD_LIBRARY_PATH=$cuda/lib cargo test --release -p tally-shaders --features cuda --test cuda_codegen
+//! TALLY_CUDA_TOOLKIT=$cuda LD_LIBRARY_PATH=$cuda/lib cargo test-all --test cuda_codegen
 //! ```
 //!
 //! (Not `CUDA_PATH`: cudarc's build script reads it, and the CUDA build would be rebuilt.)
