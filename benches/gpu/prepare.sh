@@ -16,11 +16,11 @@ scripts/vendor-mtimes.sh
 cargo test-all --no-run
 strip -o .gpu/tally "$CARGO_TARGET_DIR/release/tally"
 xz -T0 -6 -f .gpu/tally
-# The kernel tests, built for CUDA (feature `cuda`: each kernel alone, then every fixture
-# model's forward pass), in test-all's resolution otherwise, so that only tally's crates compile
+# The kernel tests, built for CUDA (feature `tally-shaders/cuda` added to test-all's: each
+# kernel alone, then every fixture model's forward pass), so that only tally's crates compile
 # again. (Not cuda_codegen nor cuda_launches: they run on an offline runtime, here and in CI,
 # and need no GPU.)
-cargo test --release --locked --workspace --features tally/cuda,tally-shaders/cuda --no-run --message-format=json \
+cargo test-all --features tally-shaders/cuda --no-run --message-format=json \
     --test kernels --test kernels_f16 --test models_on_gpu | benches/gpu/test_executables.py tally-shaders |
     while read -r name path; do
         strip -o ".gpu/test-$name" "$path"

@@ -336,13 +336,13 @@ ncu_stage() {
 
 # The kernel tests on CUDA (built by prepare.sh): each kernel alone against the plain path, then
 # every fixture model's forward, unfused and through fusion. The rehearsal lists the same tests
-# built for wgpu, as the README's `cargo test-all` built (and ran) them: nothing is rebuilt (the
-# offline CUDA tests left out, as prepare.sh leaves them).
+# built for wgpu, the ones prepare.sh builds for CUDA, as the README's `cargo test-all` built (and
+# ran) them: nothing is rebuilt.
 kernels_stage() {
     local ok=0 name path status
     if [ "$dry" = 1 ]; then
-        cargo test-all --no-run --message-format=json 2>/dev/null | benches/gpu/test_executables.py tally-shaders |
-            grep -Ev '^(cuda_codegen|cuda_launches) '
+        cargo test-all --no-run --message-format=json --test kernels --test kernels_f16 --test models_on_gpu 2>/dev/null |
+            benches/gpu/test_executables.py tally-shaders
     else
         for packed in .gpu/test-*.xz; do
             name=$(basename "$packed" .xz); name=${name#test-}
