@@ -155,15 +155,22 @@ fn attention_routes<F: FloatElement, const ID: u16>() {
         Case { groups: vec![(700, vec![20, 65, 1]), (3, vec![17])], q_heads: 9, kv_heads: 3, head_dim: 64, ..Default::default() },
         Case { groups: vec![(2020, vec![20, 20, 3]), (37, vec![64, 16, 17])], q_heads: 16, kv_heads: 8, head_dim: 128, ..Default::default() },
     ];
-    let variants: Vec<TileShape> = kernel_cases::every_tile_shape().flat_map(|shape| kernel_cases::FRAGMENT_LOADS.map(|loads| shape.with_loads(loads))).collect();
-    // The flash kernel's cp.async staging exists with two stages only (one stage reads and
-    // stages in turn), with either barrier scheme; its warps of 32 rows, every way, with `ldmatrix`.
+    let variants: Vec<TileShape> = kernel_cases::every_tile_shape().filter(|shape| shape.stages < 3).flat_map(|shape| kernel_cases::FRAGMENT_LOADS.map(|loads| shape.with_loads(loads))).collect();
+    // The flash kernel's cp.async staging exists with two stages (either barrier scheme) and
+    // three (one barrier); one stage reads and stages in turn. Its warps of 32 rows, every way,
+    // with `ldmatrix`. Three stages (the next step's scores a step ahead) as CUDA runs them:
+    // `ldmatrix`, cp.async, warps of 16 rows and of 32.
     let copy_async = variants.iter().filter(|shape| shape.stages == 2).flat_map(|shape| [KvStaging::CopyAsync, KvStaging::CopyAsyncSplit].map(|staging| shape.with_staging(staging)));
     let two_blocks = kernel_cases::every_tile_shape()
         .filter(|shape| shape.stages == 2)
         .flat_map(|shape| kernel_cases::KV_STAGINGS.map(|staging| shape.with_staging(staging).with_warp_rows(32)))
         .flatten();
-    let flash_variants = copy_async.chain(two_blocks).map(AttentionRoute::Flash);
+    let three_stages = kernel_cases::every_tile_shape()
+        .filter(|shape| shape.stages == 3)
+        .map(|shape| shape.with_staging(KvStaging::CopyAsync))
+        .flat_map(|shape| [Some(shape), shape.with_warp_rows(32)])
+        .flatten();
+    let flash_variants = copy_async.chain(two_blocks).chain(three_stages).map(AttentionRoute::Flash);
     let routes = [AttentionRoute::Kernel, AttentionRoute::Cascade].into_iter().chain(variants.iter().flat_map(|&shape| [AttentionRoute::Tiled(shape), AttentionRoute::Flash(shape)])).chain(flash_variants);
     for route in routes {
         for (seed, case) in cases.iter().enumerate() {

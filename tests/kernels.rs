@@ -21,19 +21,22 @@ use tally_model::{AttentionRoute, Matmul, ScoringBackend};
 use tally_shaders::{AttentionKernel, KvStaging, StreamedLabelLogprobs, TilePacking, TileShape};
 
 /// Every kernel (the tile kernels in registers: float32) against the CPU, the flash kernel with
-/// one key step in flight and with two.
+/// one, two and three key steps in flight.
 fn check_attention(case: Case, seed: u64) {
     let expected = case.expected(seed);
-    let one_stage = TileShape::default().with_stages(1).expect("a built shape");
-    let (tiled, flash, flash_one_stage) = (AttentionKernel::Tiled(TileShape::default()), AttentionKernel::Flash(TileShape::default()), AttentionKernel::Flash(one_stage));
+    let stages = |stages: usize| TileShape::default().with_stages(stages).expect("a built shape");
+    let tiled = AttentionKernel::Tiled(TileShape::default());
+    let [flash_one_stage, flash, flash_three_stages] = [1, 2, 3].map(|n| AttentionKernel::Flash(stages(n)));
     // No fallback to the row kernel at these shapes: each case checks the kernel it names. Two
-    // stages of float32 K/V at head_dim 128 are more than lavapipe's 32 KiB of shared memory:
-    // there the flash kernel keeps one step in flight, and says so.
-    let two_stages_fit = tally_shaders::tile_fits(TileShape::default(), &client(), case.head_dim, burn::tensor::DType::F32);
+    // stages of float32 K/V at head_dim 128 are more than lavapipe's 32 KiB of shared memory,
+    // three at 64: there the flash kernel keeps fewer steps in flight, and says so.
+    let most_stages_fitting = |most: usize| (1..=most).rev().find(|&n| tally_shaders::tile_fits(stages(n), &client(), case.head_dim, burn::tensor::DType::F32)).expect("one stage fits");
+    let stages_text = |n: usize| if n == 1 { "1 stage".to_string() } else { format!("{n} stages") };
     assert_eq!(case.launched::<f32>(tiled), "tiled, registers", "{}", case.name());
-    assert_eq!(case.launched::<f32>(flash), if two_stages_fit { "flash, registers, 2 stages" } else { "flash, registers, 1 stage" }, "{}", case.name());
+    assert_eq!(case.launched::<f32>(flash), format!("flash, registers, {}", stages_text(most_stages_fitting(2))), "{}", case.name());
+    assert_eq!(case.launched::<f32>(flash_three_stages), format!("flash, registers, {}", stages_text(most_stages_fitting(3))), "{}", case.name());
     assert_eq!(case.launched::<f32>(flash_one_stage), "flash, registers, 1 stage", "{}", case.name());
-    for kernel in [AttentionKernel::Rows, tiled, flash, flash_one_stage] {
+    for kernel in [AttentionKernel::Rows, tiled, flash, flash_one_stage, flash_three_stages] {
         assert_close(&case.kernel::<f32>(seed, kernel), &expected, 1e-4, &format!("{kernel:?}, {}", case.name()));
     }
 }
@@ -115,12 +118,16 @@ fn attention_staging_past_one_vector_a_unit() {
         // The staged query may not leave room for two stages (lavapipe's 32 KiB at 32 keys).
         let two_blocks_stages = if tally_shaders::tile_fits(two_blocks, &client(), case.head_dim, burn::tensor::DType::F32) { "2 stages" } else { "1 stage" };
         let two_blocks_launched = format!("flash, registers, {two_blocks_stages}, 32 rows a warp");
+        // Three stages read step `s + 2` at step `s`; they may not fit either (32 keys).
+        let three_stages = shape.with_stages(3).expect("a built shape");
+        let three_stages_launched = if tally_shaders::tile_fits(three_stages, &client(), case.head_dim, burn::tensor::DType::F32) { "flash, registers, 3 stages" } else { "flash, registers, 2 stages" };
         for (kernel, launched) in [
             (AttentionKernel::Tiled(shape), "tiled, registers"),
             (AttentionKernel::Flash(shape), "flash, registers, 2 stages"),
             (AttentionKernel::Flash(copy_async), "flash, registers, 2 stages"),
             (AttentionKernel::Flash(one_stage), "flash, registers, 1 stage"),
             (AttentionKernel::Flash(two_blocks), two_blocks_launched.as_str()),
+            (AttentionKernel::Flash(three_stages), three_stages_launched),
         ] {
             assert_eq!(case.launched::<f32>(kernel), launched, "{kernel:?}, {}", case.name());
             assert_close(&case.kernel::<f32>(41, kernel), &expected, 1e-4, &format!("{kernel:?}, {}", case.name()));
@@ -187,6 +194,7 @@ fn attention_on_filled_tiles_cuts_items_at_tile_edges() {
         AttentionKernel::Flash(filled(shape.with_stages(1).expect("a built shape"))),
         AttentionKernel::Flash(filled(shape.with_warp_rows(32).expect("64 rows hold warps of 32"))),
         AttentionKernel::Flash(filled(TileShape::new(32, 32).expect("a built shape"))),
+        AttentionKernel::Flash(filled(TileShape::new(32, 32).and_then(|shape| shape.with_stages(3)).expect("a built shape"))),
     ];
     for kernel in kernels {
         assert_close(&case.kernel::<f32>(71, kernel), &expected, 1e-4, &format!("{kernel:?} ({}), {}", case.launched::<f32>(kernel), case.name()));
@@ -219,6 +227,7 @@ fn attention_rescales_where_later_keys_pass_the_running_maximum() {
     for kernel in [
         AttentionKernel::Flash(shape),
         AttentionKernel::Flash(shape.with_stages(1).expect("a built shape")),
+        AttentionKernel::Flash(shape.with_stages(3).expect("a built shape")),
         AttentionKernel::Flash(shape.with_warp_rows(32).expect("64 rows hold warps of 32")),
         AttentionKernel::Flash(TileShape::new(32, 32).expect("a built shape")),
     ] {

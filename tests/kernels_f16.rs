@@ -10,7 +10,7 @@ mod kernel_cases;
 use burn::tensor::{DType, Tensor};
 use kernel_cases::{assert_close, tensor, Case, Fused, Gpu, FRAGMENT_LOADS, KV_STAGINGS};
 use tally_model::AttentionRoute;
-use tally_shaders::{tensor_core_tiles, AttentionKernel, KvStaging, TilePacking, TileShape};
+use tally_shaders::{tensor_core_tiles, AttentionKernel, FragmentLoads, KvStaging, TilePacking, TileShape};
 
 fn attention_in_f16_accumulates_in_f32() {
     // f16 inputs and output, f32 inside: only the roundings of f16 remain.
@@ -34,7 +34,9 @@ fn attention_in_f16_accumulates_in_f32() {
         // Both ways of reading fragments, at the default tile and at the largest (8 planes,
         // 64-key steps: four `ldmatrix.x4` of keys per 16 dimensions); the flash kernel's next
         // step staged every way (cp.async on tensor cores, with one barrier a step or two a
-        // buffer; off them each is the register read-ahead, run once), its warps taking 16 rows or 32.
+        // buffer; off them each is the register read-ahead, run once), its warps taking 16 rows or 32;
+        // and with three stages (the next step's scores a step ahead), with `ldmatrix` and
+        // cp.async (the register read-ahead off tensor cores).
         let tiles = [TileShape::default(), TileShape::new(128, 64).expect("a built shape")]
             .into_iter()
             .flat_map(|shape| FRAGMENT_LOADS.map(|loads| shape.with_loads(loads)));
@@ -44,7 +46,9 @@ fn attention_in_f16_accumulates_in_f32() {
                 let tile = tile.with_staging(staging);
                 [Some(tile), tile.with_warp_rows(32)].into_iter().flatten().map(AttentionKernel::Flash)
             });
-            std::iter::once(AttentionKernel::Tiled(tile)).chain(flash)
+            let three_stages = tile.with_stages(3).filter(|tile| tile.loads == FragmentLoads::Ldmatrix).map(|tile| tile.with_staging(KvStaging::CopyAsync));
+            let three_stages = three_stages.into_iter().flat_map(|tile| [Some(tile), tile.with_warp_rows(32)]).flatten().map(AttentionKernel::Flash);
+            std::iter::once(AttentionKernel::Tiled(tile)).chain(flash).chain(three_stages)
         }));
         for kernel in kernels {
             let launched = case.launched::<half::f16>(kernel);
@@ -70,7 +74,9 @@ fn attention_in_f16_reads_values_where_the_qkv_projection_wrote_them() {
     // barriers a buffer.
     let cuda_default = tile.with_warp_rows(32).expect("128 rows hold warps of 32");
     let split = cuda_default.with_staging(KvStaging::CopyAsyncSplit);
-    let kernels = [AttentionKernel::Rows, AttentionKernel::Flash(tile), AttentionKernel::Flash(cuda_default), AttentionKernel::Flash(cuda_default.with_packing(TilePacking::Filled)), AttentionKernel::Flash(split)];
+    // Three stages with 16 rows a warp, as the GPU suite's `ahead` variant runs them.
+    let ahead = tile.with_stages(3).expect("a built shape");
+    let kernels = [AttentionKernel::Rows, AttentionKernel::Flash(tile), AttentionKernel::Flash(cuda_default), AttentionKernel::Flash(cuda_default.with_packing(TilePacking::Filled)), AttentionKernel::Flash(split), AttentionKernel::Flash(ahead)];
     for padding in [0, 1, 2, 8] {
         for kernel in kernels {
             let (got, value_stride) = case.kernel_on_fused_rows::<half::f16>(61, kernel, padding);

@@ -38,14 +38,19 @@ tiles=${TALLY_SUITE_TILES-64x16 128x32}  # empty: no sweep
 # 128x64 with cp.async staging, 32 rows a warp and denormals flushed; `filled` packs the tiles
 # full (S1: 1,264 cubes, five waves of two a SM on an H200, against 1,336 and six),
 # `split-barriers` waits on two barriers a buffer (its copies landed; its readers done) where the
-# default waits on one a step for the whole cube (session 41), `warp16` undoes 32 rows a warp,
-# and `warps12` is the tile that keeps 12 warps an SM where the default keeps 8 (64 rows of 16 a
-# warp, 32-key steps: 166 registers and 36 KB of shared memory a cube, three cubes an SM; filled,
-# since a 32-token tile holds one whole 20-token item; session 42). Timed on 2026-11-27 and
+# default waits on one a step for the whole cube (session 41), and `warps12` is the tile that
+# keeps 12 warps an SM where the default keeps 8 (64 rows of 16 a warp, 32-key steps: 166 registers and 36 KB of shared memory a cube, three cubes an SM; filled,
+# since a 32-token tile holds one whole 20-token item; session 42). `ahead` multiplies the next
+# key step's scores during this step's softmax (three stages: FlashAttention-3's overlap within a
+# warp, which needs the scores' registers twice, so 16 rows a warp: 232 registers, 106 KB of
+# shared memory, one 8-warp cube an SM at 128 rows), and `ahead12` does so on warps12's tile (164
+# registers, 53 KB: three cubes, 12 warps, an SM; session 46). Timed on 2026-11-27 and
 # dropped since: denormals kept (1.784 ms a layer against 1.531), 32-key steps at 128 rows (1.790
 # without flushing), the default before them (`--kv-staging registers --warp-rows 16
-# --flush-denormals false`, 1.634). Empty: none.
-flash_variants=${TALLY_SUITE_FLASH_VARIANTS-filled=--tile-packing,filled split-barriers=--kv-staging,cp-async-split warp16=--warp-rows,16 warps12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled}
+# --flush-denormals false`, 1.634), and 16 rows a warp alone (`warp16`, 2026-11-27's `cp-async`
+# run at 7,866 items/s against 7,958; dropped in session 46 to leave the lease's first call its
+# time for `ahead` and `ahead12`). Empty: none.
+flash_variants=${TALLY_SUITE_FLASH_VARIANTS-filled=--tile-packing,filled split-barriers=--kv-staging,cp-async-split warps12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled ahead=--tile-stages,3,--warp-rows,16 ahead12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled,--tile-stages,3}
 dry=${TALLY_SUITE_DRY_RUN:-0}
 # A variant's flags, as words.
 variant_flags() {

@@ -189,16 +189,18 @@ pub struct DeviceArgs {
     #[arg(long, value_parser = tile_size(["16", "32", "64"]))]
     pub tile_keys: Option<usize>,
     /// Key steps `--attention flash` keeps in flight: 2 reads the next step's keys and values
-    /// while it computes on this one (one barrier a step); 1 stages and computes in turn.
-    #[arg(long, default_value = "2", value_parser = tile_size(["1", "2"]))]
+    /// while it computes on this one (one barrier a step); 1 stages and computes in turn; 3
+    /// also multiplies the next step's scores during this one's softmax, a third buffer taking
+    /// the step after (fewer where the device's shared memory cannot hold them).
+    #[arg(long, default_value = "2", value_parser = tile_size(["1", "2", "3"]))]
     pub tile_stages: usize,
     /// How `--attention tiled|flash` on tensor cores reads key and value fragments from shared
     /// memory.
     #[arg(long, value_enum, default_value_t = FragmentLoads::Ldmatrix)]
     pub fragment_loads: FragmentLoads,
-    /// How `--attention flash` with two stages on tensor cores (CUDA) brings the next key
-    /// step's keys and values into shared memory (default cp-async on CUDA); elsewhere it reads
-    /// them into registers.
+    /// How `--attention flash` with two or three stages on tensor cores (CUDA) brings the next
+    /// key steps' keys and values into shared memory (default cp-async on CUDA; three stages
+    /// take cp-async for cp-async-split); elsewhere it reads them into registers.
     #[arg(long, value_enum)]
     pub kv_staging: Option<KvStaging>,
     /// Query rows each warp of `--attention flash` takes: 16 (the query in registers) or 32

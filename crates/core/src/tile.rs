@@ -4,7 +4,10 @@
 
 /// The tile kernels' tile: query rows per cube (16 per plane of 32 units) and keys per step;
 /// key steps the flash kernel keeps in flight (`stages`: 2 reads the next step while it
-/// computes on this one, in a second buffer; the tiled kernel stages one at a time); and how
+/// computes on this one, in a second buffer; 3 also multiplies the next step's scores while
+/// this one's softmax runs, with a third buffer so the step after that can land meanwhile —
+/// FlashAttention-3's overlap of softmax and matmul within a warp; the tiled kernel stages one
+/// at a time); and how
 /// tensor cores read the staged keys and values ([`FragmentLoads`]) and how the flash kernel's
 /// two stages bring the next step in ([`KvStaging`]); the register tiles off CUDA ignore both.
 /// `warp_rows`: query rows each warp of the flash kernel takes — 16 (one tensor-core `m`, the
@@ -84,7 +87,8 @@ pub enum KvStaging {
     /// leave by: a step waits for its own copies only, and the next step's copies are issued
     /// after this step's scores, once every unit is done with the buffer they refill. With one
     /// barrier a step, as [`Self::CopyAsync`], every unit waits at each step's start for the
-    /// cube's slowest to finish the step before.
+    /// cube's slowest to finish the step before. Two stages only: three take
+    /// [`Self::CopyAsync`].
     CopyAsyncSplit,
 }
 
@@ -135,7 +139,7 @@ impl TileShape {
     /// Keys per step a tile may have.
     pub const KEYS: [usize; 3] = [16, 32, 64];
     /// Key steps in flight the flash kernel may have.
-    pub const STAGES: [usize; 2] = [1, 2];
+    pub const STAGES: [usize; 3] = [1, 2, 3];
     /// Query rows a warp of the flash kernel may take.
     pub const WARP_ROWS: [usize; 2] = [16, 32];
 
@@ -201,7 +205,8 @@ mod tests {
         assert_eq!(TileShape::new(128, 64).unwrap().to_string(), "128x64, 2 stages, ldmatrix");
         let one_stage = TileShape::default().with_stages(1).unwrap();
         assert_eq!(one_stage.with_loads(FragmentLoads::Elements).to_string(), "64x16, 1 stage, elements");
-        assert_eq!(TileShape::default().with_stages(3), None);
+        assert_eq!(TileShape::default().with_stages(3).unwrap().to_string(), "64x16, 3 stages, ldmatrix");
+        assert_eq!(TileShape::default().with_stages(4), None);
         assert_eq!(TileShape::new(128, 64).unwrap().with_staging(KvStaging::CopyAsync).to_string(), "128x64, 2 stages, ldmatrix, cp-async");
         assert_eq!(TileShape::new(128, 64).unwrap().with_staging(KvStaging::CopyAsyncSplit).to_string(), "128x64, 2 stages, ldmatrix, cp-async-split");
         assert!(KvStaging::CopyAsyncSplit.copies_async() && KvStaging::CopyAsync.copies_async() && !KvStaging::Registers.copies_async());
@@ -214,6 +219,7 @@ mod tests {
         let largest = TileShape::new(128, 64).unwrap();
         assert_eq!(largest.with_stages(1).unwrap().shared_memory_bytes(128, 2), 72_704);
         assert_eq!(largest.shared_memory_bytes(128, 2), 72_704 + 34_816);
+        assert_eq!(largest.with_stages(3).unwrap().shared_memory_bytes(128, 2), 72_704 + 2 * 34_816);
         // 32 rows a warp add the staged query: 128 rows of 136 bf16.
         assert_eq!(largest.with_warp_rows(32).unwrap().shared_memory_bytes(128, 2), 72_704 + 34_816 + 34_816);
     }

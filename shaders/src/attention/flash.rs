@@ -17,7 +17,7 @@
 //!    keys into accumulator fragments ([`FragmentMath::scores`]);
 //! 3. each unit masks its own elements, takes its rows' maxima across the four units that hold a
 //!    row ([`FragmentMath::quad_max`]), moves its running maxima and partial sums and turns its
-//!    scores into weights in place, all its rows phase by phase ([`online_softmax`]);
+//!    scores into weights in place, all its rows phase by phase ([`move_maxima`], [`weigh`]);
 //! 4. each plane rescales its output rows and adds weights × values, the weights' accumulator
 //!    fragments serving as the multiply's left operand as they lie
 //!    ([`FragmentMath::accumulate`]).
@@ -49,7 +49,7 @@ const COLUMNS: usize = 2;
 pub(super) const QUAD: usize = 4;
 /// How far (in scaled scores: natural-log units of weight) a step's maximum may pass a row's
 /// running maximum before the running maximum moves and the row's output is rescaled
-/// ([`online_softmax`]). Weights then reach at most e^8 ≈ 2,981.
+/// ([`move_maxima`], [`weigh`]). Weights then reach at most e^8 ≈ 2,981.
 pub const RESCALE_SLACK: f32 = 8.0;
 /// The score a masked step gives the keys a row does not see: scaled by any `1 / √head_dim`
 /// it stays far below NO_SCORE, a running maximum's first value (finite: WGSL cannot spell
@@ -247,6 +247,44 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
             sync_cube();
             flash_step::<F, T>(&tile, &step, &query, &staged_query, &cube_rows, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, 0usize, scale, head_dim, step_keys, rows, blocks);
             sync_cube();
+        }
+    } else if comptime![stages == 3] {
+        // Three buffers; step `s` takes its values from buffer `s % 3` and multiplies the next
+        // step's keys, in buffer `(s + 1) % 3`, during its softmax
+        // ([`finish_step_scoring_next`]), while step `s + 2` lands in the third, the buffer
+        // step `s − 1` read. Step `s + 2` is read or copied past the walk's end too: no keys,
+        // its vectors zeros. Step 0's scores are multiplied before the loop.
+        if comptime![staging.copies_async()] {
+            // `cp.async` (CUDA), one barrier: at the end of step `s` a unit waits until every
+            // unit's copies of step `s + 2` have landed (the next step multiplies its keys) and
+            // every unit is done with step `s` (its values' buffer takes step `s + 3`).
+            let barrier = Barrier::shared(comptime![units as u32], UNIT_POS == 0);
+            copy_share::<F, N, W>(&kv, &walk_step(&tile, 0usize, prefix_steps, step_keys), keys, values, prefix_keys, prefix_values, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
+            copy_share::<F, N, W>(&kv, &walk_step(&tile, 1usize, prefix_steps, step_keys), keys, values, prefix_keys, prefix_values, &mut staged_keys, &mut staged_values, buffer, step_keys, head_dim, units);
+            barrier.commit_copy_async();
+            barrier.arrive_and_wait();
+            let mut scores = T::scores::<F>(&query, &staged_query, &staged_keys, 0usize, head_dim, step_keys, blocks);
+            for s in 0..steps {
+                copy_share::<F, N, W>(&kv, &walk_step(&tile, s + 2, prefix_steps, step_keys), keys, values, prefix_keys, prefix_values, &mut staged_keys, &mut staged_values, ((s + 2) % 3) * buffer, step_keys, head_dim, units);
+                barrier.commit_copy_async();
+                finish_step_scoring_next::<F, T>(&mut scores, &tile, &walk_step(&tile, s, prefix_steps, step_keys), &query, &staged_query, &cube_rows, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 3) * buffer, ((s + 1) % 3) * buffer, scale, head_dim, step_keys, rows, blocks);
+                barrier.arrive_and_wait();
+            }
+        } else {
+            // Registers: step `s + 2` read at step `s`'s start, staged at its end (every unit
+            // has left that buffer since the last step's sync), one sync a step.
+            let first = load_share::<N, W>(&kv, &walk_step(&tile, 0usize, prefix_steps, step_keys), keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+            store_share::<F, N, W>(&first, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
+            let second = load_share::<N, W>(&kv, &walk_step(&tile, 1usize, prefix_steps, step_keys), keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+            store_share::<F, N, W>(&second, &mut staged_keys, &mut staged_values, buffer, step_keys, head_dim, units);
+            sync_cube();
+            let mut scores = T::scores::<F>(&query, &staged_query, &staged_keys, 0usize, head_dim, step_keys, blocks);
+            for s in 0..steps {
+                let ahead = load_share::<N, W>(&kv, &walk_step(&tile, s + 2, prefix_steps, step_keys), keys, values, prefix_keys, prefix_values, step_keys, head_dim, units);
+                finish_step_scoring_next::<F, T>(&mut scores, &tile, &walk_step(&tile, s, prefix_steps, step_keys), &query, &staged_query, &cube_rows, &mut rows_state, &mut accumulated, &staged_keys, &staged_values, (s % 3) * buffer, ((s + 1) % 3) * buffer, scale, head_dim, step_keys, rows, blocks);
+                store_share::<F, N, W>(&ahead, &mut staged_keys, &mut staged_values, ((s + 2) % 3) * buffer, step_keys, head_dim, units);
+                sync_cube();
+            }
         }
     } else if comptime![staging == KvStaging::CopyAsyncSplit] {
         // Two buffers, each with a barrier its copies land on (`full`: every unit arrives once
@@ -459,23 +497,69 @@ fn finish_step<F: Float, T: FragmentMath>(
     #[comptime] rows: usize,
     #[comptime] blocks: usize,
 ) {
-    // 3. Masks and online softmax, each unit on its own elements, a row's quad together. Every
-    // row of the tile sees every key of a full prefix step (all but the prefix's last step):
-    // those skip the masks. Uniform over the cube.
-    let masked = !(step.in_prefix && step.count == step_keys);
-    online_softmax::<T>(&mut weights, cube_rows, rows_state, accumulated, tile, step, masked, scale, head_dim, step_keys, rows, blocks);
+    // 3. Masks and online softmax, each unit on its own elements, a row's quad together.
+    move_maxima::<T>(&mut weights, cube_rows, rows_state, accumulated, tile, step, step_masked(step, step_keys), scale, head_dim, step_keys, rows, blocks);
+    weigh(&mut weights, rows_state, scale, step_keys, blocks);
 
     // 4. Add weights × values.
     T::accumulate::<F>(accumulated, &weights, staged_values, staged_at, head_dim, step_keys, rows, blocks);
 }
 
-/// Step 3 for all of a unit's rows (row `r`: `half` `r % 2` of block `r / 2`), phase by phase:
-/// on a masked step the scores of keys a row does not see replaced (once, for both phases that
-/// read them), every row's largest score, then the quads' maxima and each row's correction (of
-/// its partial sum at once), then the output rescaled, then the weights and sums. Each row's
-/// scores (`weights`' elements of that row, unscaled) become the weights of the keys it sees —
-/// [`visible_keys`] of the step where `masked`, all of them otherwise —, its running maximum and
-/// partial sum move on, and its output fragments are rescaled.
+/// Steps 3–4 of key step `step` whose scores are `weights` (the values staged from
+/// `values_at`), with step 2 of the next step between them: that step's scores, from the keys
+/// staged at `next_keys_at`, are multiplied after this step's branches (its masks, its
+/// rescale) and before its exponentials and weights × values, so the tensor cores' work on
+/// them and the softmax's arithmetic lie in one stretch of code, for the compiler to
+/// interleave (FlashAttention-3's intra-warpgroup overlap, with `mma.sync`). `weights` becomes
+/// the next step's scores. On the walk's last step the keys at `next_keys_at` are a stale
+/// buffer and their scores unused: one step's scores multiplied in vain a tile, where a branch
+/// around them would part them from the exponentials again.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn finish_step_scoring_next<F: Float, T: FragmentMath>(
+    weights: &mut Array<f32>,
+    tile: &Tile,
+    step: &Step,
+    query: &QueryPairs<F>,
+    staged_query: &SharedMemory<F>,
+    cube_rows: &CubeRows,
+    rows_state: &mut RowsState,
+    accumulated: &mut Array<f32>,
+    staged_keys: &SharedMemory<F>,
+    staged_values: &SharedMemory<F>,
+    values_at: usize,
+    next_keys_at: usize,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] step_keys: usize,
+    #[comptime] rows: usize,
+    #[comptime] blocks: usize,
+) {
+    move_maxima::<T>(weights, cube_rows, rows_state, accumulated, tile, step, step_masked(step, step_keys), scale, head_dim, step_keys, rows, blocks);
+    let next = T::scores::<F>(query, staged_query, staged_keys, next_keys_at, head_dim, step_keys, blocks);
+    weigh(weights, rows_state, scale, step_keys, blocks);
+    T::accumulate::<F>(accumulated, weights, staged_values, values_at, head_dim, step_keys, rows, blocks);
+    #[unroll]
+    for i in 0..comptime![blocks * step_keys / 8 * BLOCK_ELEMENTS] {
+        weights[i] = next[i];
+    }
+}
+
+/// Whether some row of the tile may not see some key of `step`: every row sees every key of a
+/// full prefix step (all but the prefix's last), and those skip the masks. Uniform over the cube.
+#[cube]
+fn step_masked(step: &Step, #[comptime] step_keys: usize) -> bool {
+    !(step.in_prefix && step.count == step_keys)
+}
+
+/// Step 3's first part for all of a unit's rows (row `r`: `half` `r % 2` of block `r / 2`),
+/// phase by phase: on a masked step the scores of keys a row does not see replaced (once, for
+/// both phases that read them), every row's largest score, then the quads' maxima and each
+/// row's correction (of its partial sum at once), then the output rescaled; [`weigh`] then
+/// turns the scores into weights and sums. Each row's scores (`weights`' elements of that row,
+/// unscaled) end as the weights of the keys it sees — [`visible_keys`] of the step where
+/// `masked`, all of them otherwise —, its running maximum and partial sum move on, and its
+/// output fragments are rescaled.
 ///
 /// Phases, not a pass per row: the rows' dependent chains (a maximum, two shuffles, the
 /// exponentials, a sum) interleave in one stretch of code, where a pass per row put each
@@ -490,7 +574,7 @@ fn finish_step<F: Float, T: FragmentMath>(
 /// call site of one allocates its own shared memory).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn online_softmax<T: FragmentMath>(
+fn move_maxima<T: FragmentMath>(
     weights: &mut Array<f32>,
     cube_rows: &CubeRows,
     rows_state: &mut RowsState,
@@ -587,9 +671,14 @@ fn online_softmax<T: FragmentMath>(
         }
     }
 
-    // The weights and each row's partial sum.
+}
+
+/// Step 3's second part: each row's scores (unscaled) made weights against its running maximum,
+/// added to its partial sum.
+#[cube]
+fn weigh(weights: &mut Array<f32>, rows_state: &mut RowsState, scale: f32, #[comptime] step_keys: usize, #[comptime] blocks: usize) {
     #[unroll]
-    for r in 0..unit_rows {
+    for r in 0..comptime![blocks * HALVES] {
         let running_max = rows_state.maxima[r];
         let mut column_sum = Array::<f32>::new(COLUMNS);
         column_sum[0] = rows_state.sums[r];

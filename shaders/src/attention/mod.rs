@@ -158,9 +158,10 @@ impl<R: CubeRuntime> AttentionTiles<R> {
     /// The tile kernel a call at `head_dim` in `dtype` runs: where its tile fits, with tensor
     /// cores where they take it, 16-bit only on tensor cores; `None`: the row kernel, which
     /// takes any tile it is given, whatever it was cut for. The tiled kernel stages one key step
-    /// at a time; the flash kernel keeps one fewer in flight where its stages don't fit, and
-    /// copies with `cp.async` only with two stages on tensor cores (CUDA): elsewhere its steps
-    /// go through registers.
+    /// at a time; the flash kernel keeps fewer in flight where its stages don't fit (then
+    /// takes 16 rows a warp), and copies with `cp.async` only with two or three stages on
+    /// tensor cores (CUDA), three with one barrier a step: elsewhere its steps go through
+    /// registers.
     fn tile_kernel(&self, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> Option<(TileLoop, TileMath, TileShape)> {
         let math = if head_dim.is_multiple_of(16) && tensor_core_tiles(client, dtype) { TileMath::Mma } else { TileMath::Register };
         // The tile kernels read K/V as 32-bit words and take them back as floats of `dtype`.
@@ -177,8 +178,13 @@ impl<R: CubeRuntime> AttentionTiles<R> {
             AttentionKernel::Flash(shape) if head_dim.is_multiple_of(8) => {
                 // 32 rows a warp where they fit; the query staged beside them needs room too.
                 let sixteen_rows = |shape: TileShape| TileShape { warp_rows: 16, ..shape };
-                [shape, one_stage(shape), sixteen_rows(shape), sixteen_rows(one_stage(shape))].into_iter().find(|&shape| fits(shape)).map(|shape| {
-                    let staging = if shape.stages == 2 && math == TileMath::Mma { shape.staging } else { KvStaging::Registers };
+                let fewer_stages = |shape: TileShape| (1..=shape.stages).rev().map(move |stages| TileShape { stages, ..shape });
+                fewer_stages(shape).chain(fewer_stages(sixteen_rows(shape))).find(|&shape| fits(shape)).map(|shape| {
+                    let staging = match (shape.stages, math, shape.staging) {
+                        (1, ..) | (_, TileMath::Register, _) => KvStaging::Registers,
+                        (3, _, KvStaging::CopyAsyncSplit) => KvStaging::CopyAsync,
+                        (_, _, staging) => staging,
+                    };
                     (TileLoop::Flash, math, shape.with_staging(staging))
                 })
             }
