@@ -200,7 +200,7 @@ pub struct DeviceArgs {
     pub fragment_loads: FragmentLoads,
     /// How `--attention flash` with two or three stages on tensor cores (CUDA) brings the next
     /// key steps' keys and values into shared memory (default cp-async on CUDA; three stages
-    /// take cp-async for cp-async-split); elsewhere it reads them into registers.
+    /// always take cp-async there); elsewhere it reads them into registers.
     #[arg(long, value_enum)]
     pub kv_staging: Option<KvStaging>,
     /// Query rows each warp of `--attention flash` takes: 16 (the query in registers) or 32

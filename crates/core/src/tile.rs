@@ -76,7 +76,8 @@ impl FragmentLoads {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum KvStaging {
     /// Each unit reads its share of the next step into registers, and stores it in shared
-    /// memory after this step's work: every backend.
+    /// memory after this step's work: every backend. Three stages on tensor cores take
+    /// [`Self::CopyAsync`] whatever is asked (a share in registers beside two steps' scores).
     #[default]
     Registers,
     /// `cp.async` (CUDA, sm_80+): the copies go global → shared without the units' registers
@@ -87,8 +88,7 @@ pub enum KvStaging {
     /// leave by: a step waits for its own copies only, and the next step's copies are issued
     /// after this step's scores, once every unit is done with the buffer they refill. With one
     /// barrier a step, as [`Self::CopyAsync`], every unit waits at each step's start for the
-    /// cube's slowest to finish the step before. Two stages only: three take
-    /// [`Self::CopyAsync`].
+    /// cube's slowest to finish the step before. Two stages only.
     CopyAsyncSplit,
 }
 

@@ -11,7 +11,9 @@
 //!    `--kv-staging cp-async` copies the next step straight into its buffer instead
 //!    ([`copy_share`]), one barrier wait a step (`cp-async-split`: two barriers a buffer, so a
 //!    unit waits for its step's copies and, after its scores, for the units still reading the
-//!    buffer it refills, not for the whole cube at each step's start);
+//!    buffer it refills, not for the whole cube at each step's start). With three
+//!    (`--tile-stages 3`) a step also multiplies the next step's scores during its softmax,
+//!    and the step after lands in a third buffer ([`finish_step_scoring_next`]);
 //! 2. each plane multiplies its 16 query rows (32 with `--warp-rows 32`: two blocks of 16 that
 //!    share every key and value fragment read, the query staged in shared memory) by the step's
 //!    keys into accumulator fragments ([`FragmentMath::scores`]);

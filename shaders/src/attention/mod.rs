@@ -160,8 +160,8 @@ impl<R: CubeRuntime> AttentionTiles<R> {
     /// takes any tile it is given, whatever it was cut for. The tiled kernel stages one key step
     /// at a time; the flash kernel keeps fewer in flight where its stages don't fit (then
     /// takes 16 rows a warp), and copies with `cp.async` only with two or three stages on
-    /// tensor cores (CUDA), three with one barrier a step: elsewhere its steps go through
-    /// registers.
+    /// tensor cores (CUDA), three always so, with one barrier a step: elsewhere its steps go
+    /// through registers.
     fn tile_kernel(&self, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> Option<(TileLoop, TileMath, TileShape)> {
         let math = if head_dim.is_multiple_of(16) && tensor_core_tiles(client, dtype) { TileMath::Mma } else { TileMath::Register };
         // The tile kernels read K/V as 32-bit words and take them back as floats of `dtype`.
@@ -180,9 +180,11 @@ impl<R: CubeRuntime> AttentionTiles<R> {
                 let sixteen_rows = |shape: TileShape| TileShape { warp_rows: 16, ..shape };
                 let fewer_stages = |shape: TileShape| (1..=shape.stages).rev().map(move |stages| TileShape { stages, ..shape });
                 fewer_stages(shape).chain(fewer_stages(sixteen_rows(shape))).find(|&shape| fits(shape)).map(|shape| {
+                    // Three stages on tensor cores copy by cp.async with one barrier: read
+                    // ahead into registers, a step's share would sit beside two steps' scores.
                     let staging = match (shape.stages, math, shape.staging) {
                         (1, ..) | (_, TileMath::Register, _) => KvStaging::Registers,
-                        (3, _, KvStaging::CopyAsyncSplit) => KvStaging::CopyAsync,
+                        (3, TileMath::Mma, _) => KvStaging::CopyAsync,
                         (_, _, staging) => staging,
                     };
                     (TileLoop::Flash, math, shape.with_staging(staging))
