@@ -86,6 +86,9 @@ fn attention_just_under_at_and_past_the_tiled_kernels_tiles() {
     check_attention(Case { groups: vec![(63, vec![63, 64, 65]), (64, vec![64]), (65, vec![1, 63])], q_heads: 2, kv_heads: 2, head_dim: 32, ..Default::default() }, 12);
     check_attention(Case { groups: vec![(31, vec![21, 22, 20, 1])], q_heads: 6, kv_heads: 2, head_dim: 24, ..Default::default() }, 13);
     check_attention(Case { groups: vec![(33, vec![2, 3])], q_heads: 64, kv_heads: 1, head_dim: 16, ..Default::default() }, 14);
+    // Walks of one, two and three 16-key steps from no prefix (16 tokens a tile at GQA 4): the
+    // three-stage loop stages two steps before its first and reads two past its last.
+    check_attention(Case { groups: vec![(0, vec![1, 16, 17, 33]), (2, vec![1])], q_heads: 4, kv_heads: 1, head_dim: 16, ..Default::default() }, 15);
 }
 
 fn attention_head_sizes_off_the_flash_kernels_blocks() {

@@ -39,8 +39,9 @@ tiles=${TALLY_SUITE_TILES-64x16 128x32}  # empty: no sweep
 # full (S1: 1,264 cubes, five waves of two a SM on an H200, against 1,336 and six),
 # `split-barriers` waits on two barriers a buffer (its copies landed; its readers done) where the
 # default waits on one a step for the whole cube (session 41), and `warps12` is the tile that
-# keeps 12 warps an SM where the default keeps 8 (64 rows of 16 a warp, 32-key steps: 166 registers and 36 KB of shared memory a cube, three cubes an SM; filled,
-# since a 32-token tile holds one whole 20-token item; session 42). `ahead` multiplies the next
+# keeps 12 warps an SM where the default keeps 8 (64 rows of 16 a warp, 32-key steps: 166
+# registers and 36 KB of shared memory a cube, three cubes an SM; filled, since a 32-token tile
+# holds one whole 20-token item; session 42). `ahead` multiplies the next
 # key step's scores during this step's softmax (three stages: FlashAttention-3's overlap within a
 # warp, which needs the scores' registers twice, so 16 rows a warp: 232 registers, 106 KB of
 # shared memory, one 8-warp cube an SM at 128 rows), and `ahead12` does so on warps12's tile (164
