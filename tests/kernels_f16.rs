@@ -74,8 +74,9 @@ fn attention_in_f16_reads_values_where_the_qkv_projection_wrote_them() {
     // barriers a buffer.
     let cuda_default = tile.with_warp_rows(32).expect("128 rows hold warps of 32");
     let split = cuda_default.with_staging(KvStaging::CopyAsyncSplit);
-    // Three stages with 16 rows a warp, as the GPU suite's `ahead` variant runs them.
-    let ahead = tile.with_stages(3).expect("a built shape");
+    // Three stages with 16 rows a warp on filled tiles, as the GPU suite's `ahead` variant runs
+    // them.
+    let ahead = tile.with_stages(3).expect("a built shape").with_packing(TilePacking::Filled);
     let kernels = [AttentionKernel::Rows, AttentionKernel::Flash(tile), AttentionKernel::Flash(cuda_default), AttentionKernel::Flash(cuda_default.with_packing(TilePacking::Filled)), AttentionKernel::Flash(split), AttentionKernel::Flash(ahead)];
     for padding in [0, 1, 2, 8] {
         for kernel in kernels {

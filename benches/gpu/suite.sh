@@ -10,13 +10,14 @@
 # TALLY_SUITE_ATTENTIONS (flash tiled kernel cascade; the first is the one profiled and split),
 # TALLY_SUITE_TILES (the tile kernels' other tile shapes the attention stage times), TALLY_SUITE_SCENARIOS (s1 s2), TALLY_SUITE_CASES and
 # TALLY_SUITE_PEER_SCENARIOS narrow them, TALLY_SUITE_KERNEL_TESTS the kernel stage's test
-# executables (kernels kernels_f16 models_on_gpu; each cut at TALLY_SUITE_KERNEL_SECONDS, 240). TALLY_SUITE_TILE_FLAGS adds flags to every command that
+# executables (kernels kernels_f16 models_on_gpu; each cut at TALLY_SUITE_KERNEL_SECONDS, 240; TALLY_SUITE_KERNEL_SKIP leaves tests out). TALLY_SUITE_TILE_FLAGS adds flags to every command that
 # runs the tile kernels (e.g. "--fragment-loads elements" should ldmatrix fail on a machine).
 # TALLY_SUITE_FLASH_VARIANTS the flash kernel's variants timed beside its default (see below).
 # TALLY_SUITE_NCU_LAUNCHES (80) and TALLY_SUITE_NCU_SECONDS (300) bound the ncu stage,
 # TALLY_SUITE_NCU_VARIANT profiles one flash variant there instead of the defaults;
 # TALLY_SUITE_FIXTURE_DTYPES overrides TALLY_SUITE_DTYPES for the fixtures stage;
-# TALLY_SUITE_SCENARIO_EXTRAS narrows the scenario stage's comparisons (see there).
+# TALLY_SUITE_SCENARIO_EXTRAS and TALLY_SUITE_ATTENTION_EXTRAS narrow the scenario and
+# attention stages' comparisons (see there).
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,14 +45,16 @@ tiles=${TALLY_SUITE_TILES-64x16 128x32}  # empty: no sweep
 # holds one whole 20-token item; session 42). `ahead` multiplies the next
 # key step's scores during this step's softmax (three stages: FlashAttention-3's overlap within a
 # warp, which needs the scores' registers twice, so 16 rows a warp: 232 registers, 106 KB of
-# shared memory, one 8-warp cube an SM at 128 rows), and `ahead12` does so on warps12's tile (164
-# registers, 53 KB: three cubes, 12 warps, an SM; session 46). Timed on 2026-11-27 and
+# shared memory, one 8-warp cube an SM at 128 rows; filled, as one cube an SM leaves S1's 1,336
+# whole-item cubes 11 waves where 1,264 filled ones take 10: read it against `filled`), and
+# `ahead12` does so on warps12's tile (164 registers, 53 KB: three cubes, 12 warps, an SM;
+# session 46). Timed on 2026-11-27 and
 # dropped since: denormals kept (1.784 ms a layer against 1.531), 32-key steps at 128 rows (1.790
 # without flushing), the default before them (`--kv-staging registers --warp-rows 16
 # --flush-denormals false`, 1.634), and 16 rows a warp alone (`warp16`, 2026-11-27's `cp-async`
 # run at 7,866 items/s against 7,958; dropped in session 46 to leave the lease's first call its
 # time for `ahead` and `ahead12`). Empty: none.
-flash_variants=${TALLY_SUITE_FLASH_VARIANTS-filled=--tile-packing,filled split-barriers=--kv-staging,cp-async-split warps12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled ahead=--tile-stages,3,--warp-rows,16 ahead12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled,--tile-stages,3}
+flash_variants=${TALLY_SUITE_FLASH_VARIANTS-filled=--tile-packing,filled split-barriers=--kv-staging,cp-async-split warps12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled ahead=--tile-stages,3,--warp-rows,16,--tile-packing,filled ahead12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled,--tile-stages,3}
 dry=${TALLY_SUITE_DRY_RUN:-0}
 # A variant's flags, as words.
 variant_flags() {
@@ -142,6 +145,11 @@ fixtures_stage() {
 # at the default tile the flash kernel with one key step in flight, with its fragments read
 # element by element, and each of its variants (TALLY_SUITE_FLASH_VARIANTS, beside CUDA's
 # defaults: 128x64, two stages, ldmatrix, cp.async, 32 rows a warp, denormals flushed).
+# TALLY_SUITE_ATTENTION_EXTRAS narrows the comparisons beside the variants (default all:
+# one-stage, cascade-softmax, cascade-scores, element-loads; each ~11 s on the H200, all four
+# measured on 2026-11-27, so a lease short of time can leave them out).
+attention_extras=${TALLY_SUITE_ATTENTION_EXTRAS-one-stage cascade-softmax cascade-scores element-loads}
+has_attention_extra() { [[ " $attention_extras " == *" $1 "* ]]; }
 attention_stage() {
     local ok=0 last=${gpu_dtypes##* }
     for dtype in $gpu_dtypes; do
@@ -151,14 +159,18 @@ attention_stage() {
         "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" \
             --tile-rows ${tile%x*} --tile-keys ${tile#*x} --routes tiled,flash --out "$out/attention-$gpu-$last-tile-$tile.json" || ok=1
     done
-    "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --tile-stages 1 --routes flash --out "$out/attention-$gpu-$last-one-stage.json" || ok=1
+    has_attention_extra one-stage && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --tile-stages 1 --routes flash \
+        --out "$out/attention-$gpu-$last-one-stage.json" || ok=1; }
     # The cascade's softmax in Burn's ops (the first run above has tally's kernel where the
     # elementwise route is the kernels', CUDA's default).
-    "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --elementwise burn --routes cascade --out "$out/attention-$gpu-$last-cascade-burn-softmax.json" || ok=1
+    has_attention_extra cascade-softmax && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --elementwise burn --routes cascade \
+        --out "$out/attention-$gpu-$last-cascade-burn-softmax.json" || ok=1; }
     # Its scores rounded to the model's dtype (half the bytes; the first run has cuBLASLt's
     # float32 accumulators as they are).
-    "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --cascade-scores model --routes cascade --out "$out/attention-$gpu-$last-cascade-model-scores.json" || ok=1
-    "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --fragment-loads elements --routes tiled,flash --out "$out/attention-$gpu-$last-element-loads.json" || ok=1
+    has_attention_extra cascade-scores && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --cascade-scores model --routes cascade \
+        --out "$out/attention-$gpu-$last-cascade-model-scores.json" || ok=1; }
+    has_attention_extra element-loads && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --fragment-loads elements --routes tiled,flash \
+        --out "$out/attention-$gpu-$last-element-loads.json" || ok=1; }
     for variant in $flash_variants; do
         "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" $(variant_flags $variant) --routes flash \
             --out "$out/attention-$gpu-$last-${variant%%=*}.json" || ok=1
@@ -359,18 +371,23 @@ kernels_stage() {
     # In TALLY_SUITE_KERNEL_TESTS's order where it names them (the first is the one a cut-off call
     # must not lose), else all.
     local names=${TALLY_SUITE_KERNEL_TESTS:-$(cut -d' ' -f1 "$out/kernel-tests.txt")}
+    # TALLY_SUITE_KERNEL_SKIP: tests to leave out (names or parts of them), so that a lease's
+    # minutes go to the ones after a slow one (kernels_f16's cascade ran its binary's 240 s out
+    # on 2026-11-27, before the fragment and cuBLASLt tests).
+    local kernel_skips=() skip
+    for skip in ${TALLY_SUITE_KERNEL_SKIP:-}; do kernel_skips+=(--skip "$skip"); done
     for name in $names; do
         path=$(awk -v name="$name" '$1 == name { print $2 }' "$out/kernel-tests.txt")
         [ -n "$path" ] || { echo "no kernel test executable named $name"; ok=1; continue; }
         if [ "$dry" = 1 ]; then
-            "$path" --list || ok=1
+            "$path" --list "${kernel_skips[@]}" || ok=1
         else
             # CubeK's matmuls (the tests' CubeCL route) autotune at the minimal level, as the
             # fixtures do: on 2026-11-27 the f16 cascade test ran 250 s on CUDA without an answer,
             # most likely autotuning each of its shapes at the full level. A binary past its time
             # is cut, and the next one runs.
             CUBECL_AUTOTUNE_LEVEL=minimal TALLY_FIXTURES=$repo/tests/fixtures timeout ${TALLY_SUITE_KERNEL_SECONDS:-240} \
-                "$path" --test-threads 1 2>&1 | tee "$out/kernels-$name.log"
+                "$path" --test-threads 1 "${kernel_skips[@]}" 2>&1 | tee "$out/kernels-$name.log"
             status=${PIPESTATUS[0]}
             [ "$status" = 0 ] || { echo "$name: failed or cut at ${TALLY_SUITE_KERNEL_SECONDS:-240} s (status $status)"; ok=1; }
         fi
@@ -401,7 +418,9 @@ peers_stage() {
     make_model || return 1
     local ok=0
     for s in ${TALLY_SUITE_PEER_SCENARIOS:-s1 s2}; do
-        PYTHONUNBUFFERED=1 $python benches/pytorch_peers.py --model $model --device $gpu --dtype ${gpu_dtypes##* } --scenario $s --items $items --out "$out/peers-$s-$gpu.json" || ok=1
+        # Each peer timed for ~3 s after its warm-up (4 requests at most): the padded peer's
+        # 5.5 s a request took 28 of the stage's 55 s on 2026-11-27 for a number ~26x off the best.
+        PYTHONUNBUFFERED=1 $python benches/pytorch_peers.py --model $model --device $gpu --dtype ${gpu_dtypes##* } --scenario $s --items $items --seconds 3 --out "$out/peers-$s-$gpu.json" || ok=1
     done
     return $ok
 }
