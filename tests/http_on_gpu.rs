@@ -110,9 +110,28 @@ fn a_request_of_s1s_shape_is_one_pass_on_the_attention_kernels() {
     }
 }
 
+/// `--tile-tuning on` on wgpu: the server times the flash kernel's candidate tiles before it
+/// serves, logs each one's time and the tile it keeps, and answers as right as any tile.
+fn a_server_that_tunes_its_flash_tile_answers_as_the_reference() {
+    let cases = cases();
+    let (model_name, model_cases) = cases_by_model(&cases).into_iter().next().expect("fixture cases");
+    let server = Server::start(model_name, &["--backend", "wgpu", "--attention", "flash", "--tile-tuning", "on", "--no-warmup", "--max-batch-tokens", "64"]);
+    let log = server.startup_log.join("\n");
+    let tuning = server.startup_log.iter().find(|line| line.contains("flash tile")).unwrap_or_else(|| panic!("no tile tuning in the log:\n{log}"));
+    // wgpu's three candidates, each timed or left out with the reason.
+    for candidate in ["64x16, 2 stages, ldmatrix", "64x16, 2 stages, ldmatrix, filled tiles", "32x32, 2 stages, ldmatrix"] {
+        assert!(tuning.contains(&format!(" {candidate} ")), "{candidate} not in {tuning}");
+    }
+    assert!(tuning.contains(" ms;"), "no times in {tuning}");
+    for case in model_cases {
+        assert_close(&server.score(&case["request"]), &expected(case), 1e-3, &format!("wgpu, tuned flash tile, {model_name}"));
+    }
+}
+
 fn main() {
     gpu::run(gpu::named![
         the_wgpu_backend_matches_the_reference,
+        a_server_that_tunes_its_flash_tile_answers_as_the_reference,
         every_label_is_scored_on_wgpu_up_to_the_servers_maximum,
         a_request_of_s1s_shape_is_one_pass_on_the_attention_kernels
     ])

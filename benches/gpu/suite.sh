@@ -53,8 +53,11 @@ tiles=${TALLY_SUITE_TILES-64x16 128x32}  # empty: no sweep
 # without flushing), the default before them (`--kv-staging registers --warp-rows 16
 # --flush-denormals false`, 1.634), and 16 rows a warp alone (`warp16`, 2026-11-27's `cp-async`
 # run at 7,866 items/s against 7,958; dropped in session 46 to leave the lease's first call its
-# time for `ahead` and `ahead12`). Empty: none.
-flash_variants=${TALLY_SUITE_FLASH_VARIANTS-filled=--tile-packing,filled split-barriers=--kv-staging,cp-async-split warps12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled ahead=--tile-stages,3,--warp-rows,16,--tile-packing,filled ahead12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled,--tile-stages,3}
+# time for `ahead` and `ahead12`). Since session 47 CUDA's default times these candidates at
+# start-up and keeps the fastest (`--tile-tuning auto`; the scenario's JSON and table say which):
+# `untuned` runs the static default (`--tile-tuning off`) in the scenario stage, which the
+# attention stage's default run already is (it times the tile its flags describe). Empty: none.
+flash_variants=${TALLY_SUITE_FLASH_VARIANTS-untuned=--tile-tuning,off filled=--tile-packing,filled split-barriers=--kv-staging,cp-async-split warps12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled ahead=--tile-stages,3,--warp-rows,16,--tile-packing,filled ahead12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled,--tile-stages,3}
 dry=${TALLY_SUITE_DRY_RUN:-0}
 # A variant's flags, as words.
 variant_flags() {
@@ -118,6 +121,11 @@ env_stage() {
 
 fixtures_stage() {
     local ok=0 cases
+    # The tile the flags describe, untuned: a tuning would time six candidates on every fixture
+    # model (each head size compiles its own kernels). Every candidate is checked elsewhere: the
+    # attention stage against dense attention at S1's shape, kernels_f16 at its tiles' edges,
+    # and each tuning against its first candidate's output.
+    local flags="${tile_flags[*]} --tile-tuning off"
     # TALLY_SUITE_FIXTURE_DTYPES: the fixtures' own dtypes, so a run that times bf16 alone can
     # still check float32's 1e-3 (cheap beside the scenarios).
     for dtype in ${TALLY_SUITE_FIXTURE_DTYPES:-$gpu_dtypes}; do
@@ -129,13 +137,13 @@ fixtures_stage() {
                 # Correctness needs no tuned matmuls: minimal autotuning (seen on the H100: ~40 s a
                 # case with the default level, every new shape tuned and compiled).
                 CUBECL_AUTOTUNE_LEVEL=minimal python3 benches/gpu/check_fixtures.py "$cuda" --backend $gpu --dtype $dtype --attention $attention --matmul $matmul $tol \
-                    --tally-flags "${tile_flags[*]}" --cases "$cases" --out "$out/fixtures-$gpu-$dtype-$attention-$matmul.json" || ok=1
+                    --tally-flags "$flags" --cases "$cases" --out "$out/fixtures-$gpu-$dtype-$attention-$matmul.json" || ok=1
             done
         done
         # Burn's fused elementwise ops in place of tally's kernels (CUDA's default), on the first
         # attention route and matmul.
         CUBECL_AUTOTUNE_LEVEL=minimal python3 benches/gpu/check_fixtures.py "$cuda" --backend $gpu --dtype $dtype --attention ${attentions%% *} --matmul ${matmuls%% *} \
-            --tally-flags "${tile_flags[*]}" --elementwise burn $tol --cases "$cases" --out "$out/fixtures-$gpu-$dtype-${attentions%% *}-${matmuls%% *}-elementwise-burn.json" || ok=1
+            --tally-flags "$flags" --elementwise burn $tol --cases "$cases" --out "$out/fixtures-$gpu-$dtype-${attentions%% *}-${matmuls%% *}-elementwise-burn.json" || ok=1
     done
     return $ok
 }
@@ -172,6 +180,8 @@ attention_stage() {
     has_attention_extra element-loads && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --fragment-loads elements --routes tiled,flash \
         --out "$out/attention-$gpu-$last-element-loads.json" || ok=1; }
     for variant in $flash_variants; do
+        # `bench attention` never tunes: its default run is the untuned tile already.
+        [ "${variant%%=*}" = untuned ] && continue
         "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" $(variant_flags $variant) --routes flash \
             --out "$out/attention-$gpu-$last-${variant%%=*}.json" || ok=1
     done

@@ -118,7 +118,9 @@ impl Results {
                     // GPU runs before `--fusion` (session 41) were all fused and say nothing of
                     // it; the CPU has no fusion layer.
                     let unfused = if result["fused"].as_bool() == Some(false) && text("backend") != "cpu" { " unfused" } else { "" };
-                    let label = format!("tally {} {} {}{matmul}{elementwise}{unfused}{}", text("backend"), short_dtype(&text("dtype")), text("attention"), flushed(result));
+                    // A tile timed at start-up may be a variant's own: the run says it picked it.
+                    let tuned = if result["tile_tuning"].is_string() { " tuned" } else { "" };
+                    let label = format!("tally {} {} {}{tuned}{matmul}{elementwise}{unfused}{}", text("backend"), short_dtype(&text("dtype")), text("attention"), flushed(result));
                     let pass_tokens = result["max_batch_tokens"].as_u64();
                     let tile = result["tile"].as_str().map(str::to_owned);
                     let warm_request = match (result["warm_prefill_tokens_per_request"].as_f64(), result["warm_item_passes_per_request"].as_f64()) {
@@ -302,6 +304,8 @@ mod tests {
             ("c-warp32-ftz.json", run(warp32, true, 4500.0)),
             ("d-split.json", json!({"benchmark": "scenario", "scenario": "s1", "backend": "cuda", "dtype": "bfloat16", "attention": "flash", "tile": default, "max_batch_tokens": 8192, "warm_median": {"items_per_second": 2500.0}})),
             ("e-unfused.json", json!({"benchmark": "scenario", "scenario": "s1", "backend": "cuda", "dtype": "bfloat16", "attention": "flash", "tile": warp32, "flush_denormals": true, "fused": false, "max_batch_tokens": 32768, "warm_median": {"items_per_second": 5000.0}})),
+            // The tile a start-up tuning kept, the same as a variant's: apart by the tuning.
+            ("f-tuned.json", json!({"benchmark": "scenario", "scenario": "s1", "backend": "cuda", "dtype": "bfloat16", "attention": "flash", "tile": warp32, "tile_tuning": "flash tile …", "flush_denormals": true, "fused": false, "max_batch_tokens": 32768, "warm_median": {"items_per_second": 5100.0}})),
         ]);
         let labels: Vec<String> = Results::read(&dir).unwrap().bars.into_iter().map(|bar| bar.label).collect();
         assert_eq!(labels, [
@@ -310,6 +314,7 @@ mod tests {
             "tally cuda bf16 flash ftz".to_owned(),
             format!("tally cuda bf16 flash, {default}, 8192-token passes"),
             "tally cuda bf16 flash unfused ftz".to_owned(),
+            "tally cuda bf16 flash tuned unfused ftz".to_owned(),
         ]);
     }
 

@@ -149,6 +149,10 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
     if let (Some(tokens), Some(prefill_passes), Some(passes)) = (warm_prefill_tokens, warm_prefill_passes, warm_passes) {
         println!("a warm request: {tokens:.0} query tokens prefilled, {prefill_passes:.1} prefill passes, {passes:.1} item passes");
     }
+    let tile_tuning = scorer.tile_tuning().map(ToString::to_string);
+    if let Some(tuning) = &tile_tuning {
+        println!("{tuning}");
+    }
     Ok(json!({
         "benchmark": "scenario",
         "scenario": format!("{:?}", args.scenario).to_lowercase(),
@@ -157,6 +161,8 @@ pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_o
         "matmul": runs_on.matmul,
         "elementwise": runs_on.elementwise,
         "tile": runs_on.tile,
+        // The candidates timed at start-up and the one kept (`--tile-tuning`), where they were.
+        "tile_tuning": tile_tuning,
         "flush_denormals": runs_on.flush_denormals,
         "fused": runs_on.fused,
         "max_batch_tokens": scorer.max_pass_tokens(),

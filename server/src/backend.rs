@@ -192,12 +192,13 @@ pub struct DeviceArgs {
     /// while it computes on this one (one barrier a step); 1 stages and computes in turn; 3
     /// also multiplies the next step's scores during this one's softmax, a third buffer taking
     /// the step after (fewer where the device's shared memory cannot hold them).
-    #[arg(long, default_value = "2", value_parser = tile_size(["1", "2", "3"]))]
-    pub tile_stages: usize,
+    /// (Default 2.)
+    #[arg(long, value_parser = tile_size(["1", "2", "3"]))]
+    pub tile_stages: Option<usize>,
     /// How `--attention tiled|flash` on tensor cores reads key and value fragments from shared
-    /// memory.
-    #[arg(long, value_enum, default_value_t = FragmentLoads::Ldmatrix)]
-    pub fragment_loads: FragmentLoads,
+    /// memory (default ldmatrix).
+    #[arg(long, value_enum)]
+    pub fragment_loads: Option<FragmentLoads>,
     /// How `--attention flash` with two or three stages on tensor cores (CUDA) brings the next
     /// key steps' keys and values into shared memory (default cp-async on CUDA; three stages
     /// always take cp-async there); elsewhere it reads them into registers.
@@ -210,9 +211,14 @@ pub struct DeviceArgs {
     pub warp_rows: Option<usize>,
     /// How `--attention tiled|flash` cuts a pass's items into tiles: `whole-items` (a tile takes
     /// items while they fit) or `filled` (every tile full, items cut at tile edges: fewer cubes,
-    /// a tile starting inside an item also walks its earlier keys).
-    #[arg(long, value_enum, default_value_t = TilePacking::WholeItems)]
-    pub tile_packing: TilePacking,
+    /// a tile starting inside an item also walks its earlier keys; default whole-items).
+    #[arg(long, value_enum)]
+    pub tile_packing: Option<TilePacking>,
+    /// Whether `--attention flash` times its candidate tiles on the device at start-up (one
+    /// layer at S1's shape on the model's heads) and runs the fastest: `auto` does on CUDA where
+    /// no tile flag above is given; `on` also on wgpu; `off` runs the tile the flags describe.
+    #[arg(long, value_enum, default_value_t = TileTuning::Auto)]
+    pub tile_tuning: TileTuning,
     /// Compile the CUDA kernels with single-precision denormals flushed to zero (NVRTC
     /// `--ftz=true`): the attention softmax's exponentials lose their denormal fix-up. On by
     /// default on CUDA (`--flush-denormals false` keeps them); other backends have no such option.
@@ -240,6 +246,15 @@ impl From<KvStaging> for tally_model::KvStaging {
             KvStaging::CpAsyncSplit => tally_model::KvStaging::CopyAsyncSplit,
         }
     }
+}
+
+/// Whether the flash kernel's tile is timed and picked at start-up (`tally_engine::tile_tuning`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TileTuning {
+    /// On CUDA where no tile flag is given.
+    Auto,
+    On,
+    Off,
 }
 
 /// How the tile kernels cut a pass's items into tiles (`tally_model::TilePacking`).
@@ -366,9 +381,46 @@ impl DeviceArgs {
         let (staging, warp_rows) = if cuda { (KvStaging::CpAsync, 32) } else { (KvStaging::Registers, 16) };
         // Every size is among those the flags list, so the shape exists.
         let shape = tally_model::TileShape::new(self.tile_rows.unwrap_or(rows), self.tile_keys.unwrap_or(keys)).unwrap_or_default();
-        let shape = shape.with_stages(self.tile_stages).unwrap_or(shape).with_loads(self.fragment_loads.into());
-        let shape = shape.with_staging(self.kv_staging.unwrap_or(staging).into()).with_packing(self.tile_packing.into());
+        let shape = shape.with_stages(self.tile_stages.unwrap_or(2)).unwrap_or(shape).with_loads(self.fragment_loads.unwrap_or(FragmentLoads::Ldmatrix).into());
+        let shape = shape.with_staging(self.kv_staging.unwrap_or(staging).into()).with_packing(self.tile_packing.unwrap_or(TilePacking::WholeItems).into());
         shape.with_warp_rows(self.warp_rows.unwrap_or(warp_rows)).unwrap_or(shape)
+    }
+
+    /// Whether the flash kernel's tile is timed at start-up: `--tile-tuning`, `auto` resolved
+    /// (on CUDA with `--attention flash` and no tile flag), never on the CPU (one kernel).
+    pub fn tunes_tile(&self) -> bool {
+        let tile_asked = self.tile_rows.is_some()
+            || self.tile_keys.is_some()
+            || self.tile_stages.is_some()
+            || self.fragment_loads.is_some()
+            || self.kv_staging.is_some()
+            || self.warp_rows.is_some()
+            || self.tile_packing.is_some();
+        let flash_on_a_gpu = self.attention() == Attention::Flash && self.backend != BackendKind::Cpu;
+        match self.tile_tuning {
+            TileTuning::Off => false,
+            TileTuning::On => flash_on_a_gpu,
+            TileTuning::Auto => flash_on_a_gpu && self.backend == BackendKind::Cuda && !tile_asked,
+        }
+    }
+
+    /// The tiles a tuning times, [`Self::tile`] first (the one kept unless another is faster by
+    /// a margin). On CUDA the GPU suite's flash variants: filled tiles (fewer cubes, so fewer
+    /// waves), two barriers a buffer, three stages on filled tiles with 16 rows a warp, and the
+    /// 64 x 32 tile that keeps 12 warps an SM, with two stages and three. Elsewhere filled
+    /// tiles and a 32 x 32 tile.
+    pub fn tile_candidates(&self) -> Vec<tally_model::TileShape> {
+        use tally_model::{KvStaging as Staging, TilePacking as Packing, TileShape};
+        let default = self.tile();
+        let filled = default.with_packing(Packing::Filled);
+        if self.backend != BackendKind::Cuda {
+            let square = TileShape::new(32, 32).expect("a built shape").with_loads(default.loads);
+            return vec![default, filled, square];
+        }
+        let sixteen_rows = |shape: TileShape| shape.with_warp_rows(16).expect("every tile holds warps of 16 rows");
+        let three_stages = |shape: TileShape| shape.with_stages(3).expect("a built shape");
+        let twelve_warps = sixteen_rows(TileShape::new(64, 32).expect("a built shape").with_loads(default.loads).with_staging(default.staging).with_packing(Packing::Filled));
+        vec![default, filled, default.with_staging(Staging::CopyAsyncSplit), three_stages(sixteen_rows(filled)), twelve_warps, three_stages(twelve_warps)]
     }
 }
 
@@ -514,11 +566,12 @@ mod tests {
             weights: Weights::Compact,
             tile_rows: None,
             tile_keys: None,
-            tile_stages: 2,
-            fragment_loads: FragmentLoads::Ldmatrix,
+            tile_stages: None,
+            fragment_loads: None,
             kv_staging: None,
             warp_rows: None,
-            tile_packing: TilePacking::WholeItems,
+            tile_packing: None,
+            tile_tuning: TileTuning::Auto,
             flush_denormals: None,
         }
     }
@@ -549,13 +602,56 @@ mod tests {
         assert_eq!((asked.attention(), asked.matmul(), asked.elementwise()), (Attention::Kernel, Matmul::Cubecl, Elementwise::Burn));
         assert_eq!(asked.tile().to_string(), "64x64, 2 stages, ldmatrix", "the keys not asked for keep CUDA's default");
         assert!(!asked.flush_denormals());
-        let elsewhere = DeviceArgs { kv_staging: Some(KvStaging::CpAsync), warp_rows: Some(32), tile_packing: TilePacking::Filled, ..auto(BackendKind::Wgpu) };
+        let elsewhere = DeviceArgs { kv_staging: Some(KvStaging::CpAsync), warp_rows: Some(32), tile_packing: Some(TilePacking::Filled), ..auto(BackendKind::Wgpu) };
         assert_eq!(elsewhere.tile().to_string(), "64x16, 2 stages, ldmatrix, cp-async, 32 rows a warp, filled tiles");
         assert_eq!(asked.matmul_label(), "cubecl");
         let cublas = |cublas_ordering, cublas_algos| DeviceArgs { matmul: Matmul::Cublas, cublas_ordering, cublas_algos, ..auto(BackendKind::Cuda) }.matmul_label();
         assert_eq!(cublas(None, Some(8)), "cublas-algos8");
         assert_eq!(cublas(None, Some(1)), "cublas", "one candidate is no search");
         assert_eq!(cublas(Some(CublasOrdering::Sync), None), "cublas-sync");
+    }
+
+    /// CUDA times its flash tiles unless a tile flag says which; `on` times them on wgpu too;
+    /// nothing is timed off the flash route or on the CPU. The candidates start with the tile
+    /// the flags describe.
+    #[test]
+    fn the_flash_tile_is_tuned_on_cuda_unless_a_tile_is_asked_for() {
+        let cuda = auto(BackendKind::Cuda);
+        assert!(cuda.tunes_tile());
+        assert!(!DeviceArgs { tile_tuning: TileTuning::Off, ..cuda }.tunes_tile());
+        assert!(!DeviceArgs { attention: Attention::Cascade, ..cuda }.tunes_tile());
+        assert!(!DeviceArgs { attention: Attention::Cascade, tile_tuning: TileTuning::On, ..cuda }.tunes_tile());
+        for asked in [
+            DeviceArgs { tile_rows: Some(64), ..cuda },
+            DeviceArgs { tile_keys: Some(32), ..cuda },
+            DeviceArgs { tile_stages: Some(2), ..cuda },
+            DeviceArgs { fragment_loads: Some(FragmentLoads::Ldmatrix), ..cuda },
+            DeviceArgs { kv_staging: Some(KvStaging::CpAsync), ..cuda },
+            DeviceArgs { warp_rows: Some(32), ..cuda },
+            DeviceArgs { tile_packing: Some(TilePacking::WholeItems), ..cuda },
+        ] {
+            assert!(!asked.tunes_tile(), "{asked:?}");
+            assert!(DeviceArgs { tile_tuning: TileTuning::On, ..asked }.tunes_tile(), "{asked:?}");
+        }
+        let wgpu = DeviceArgs { attention: Attention::Flash, ..auto(BackendKind::Wgpu) };
+        assert!(!wgpu.tunes_tile());
+        assert!(DeviceArgs { tile_tuning: TileTuning::On, ..wgpu }.tunes_tile());
+        assert!(!DeviceArgs { attention: Attention::Flash, tile_tuning: TileTuning::On, ..auto(BackendKind::Cpu) }.tunes_tile());
+
+        let names: Vec<String> = cuda.tile_candidates().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            names,
+            [
+                "128x64, 2 stages, ldmatrix, cp-async, 32 rows a warp",
+                "128x64, 2 stages, ldmatrix, cp-async, 32 rows a warp, filled tiles",
+                "128x64, 2 stages, ldmatrix, cp-async-split, 32 rows a warp",
+                "128x64, 3 stages, ldmatrix, cp-async, filled tiles",
+                "64x32, 2 stages, ldmatrix, cp-async, filled tiles",
+                "64x32, 3 stages, ldmatrix, cp-async, filled tiles",
+            ]
+        );
+        let names: Vec<String> = wgpu.tile_candidates().iter().map(ToString::to_string).collect();
+        assert_eq!(names, ["64x16, 2 stages, ldmatrix", "64x16, 2 stages, ldmatrix, filled tiles", "32x32, 2 stages, ldmatrix"]);
     }
 
     /// Fusion stays out of CUDA's way where tally's kernels do the elementwise steps, and merges

@@ -38,7 +38,12 @@ impl WithBackend for ScenarioCommand {
         let sync = || B::sync(&device).map_err(|e| anyhow::anyhow!("the device failed: {e:?}"));
         let cuda = cuda_profiler(&device);
         let edges = ProfiledRequestEdges { sync: &sync, cuda: cuda.as_ref().map(|switch| switch as &dyn Fn(bool) -> Result<()>) };
-        let result = tally_bench::scenario::run(&self.bench, scorer, &runs_on(self.device), edges);
+        // The tile that runs: a tuning may have picked another than the flags describe.
+        let mut runs_on = runs_on(self.device);
+        if let tally_model::AttentionRoute::Flash(tile) | tally_model::AttentionRoute::Tiled(tile) = scorer.routes().attention {
+            runs_on.tile = tile.to_string();
+        }
+        let result = tally_bench::scenario::run(&self.bench, scorer, &runs_on, edges);
         #[cfg(feature = "cuda")]
         if let Some(gemms) = tally_model::cublas::profile_table() {
             println!("{gemms}");

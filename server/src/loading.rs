@@ -14,7 +14,8 @@ use crate::backend::DeviceArgs;
 /// Loads `model` with a prefix cache of `prefix_cache_bytes`, the routes and weight form `flags`
 /// ask for, and passes of `max_batch_tokens` (`--max-batch-tokens`) or, if not given, as many as
 /// the device's free memory allows, else [`PassBudget::default`]'s; the cascade's score cells a
-/// pass may hold likewise from the device's memory where it tells.
+/// pass may hold likewise from the device's memory where it tells; then, where the flags ask
+/// (`--tile-tuning`), the flash kernel's tile timed on the device ([`Scorer::tune_flash_tile`]).
 pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_cache_bytes: usize, max_batch_tokens: Option<usize>, flags: &DeviceArgs) -> Result<Scorer<B>> {
     let routes = flags.routes();
     let options = ScorerOptions { prefix_cache_bytes, weights: flags.weights.into(), ..ScorerOptions::default() };
@@ -54,6 +55,12 @@ pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_c
     // count the pools the passes keep as used.
     if let Some(cells) = scorer.device_attention_cells() {
         scorer.set_max_attention_cells(cells);
+    }
+    if flags.tunes_tile() {
+        let started = std::time::Instant::now();
+        if let Some(tuning) = scorer.tune_flash_tile(&flags.tile_candidates())? {
+            tracing::info!("timed in {:.1} s: {tuning}", started.elapsed().as_secs_f64());
+        }
     }
     Ok(scorer)
 }

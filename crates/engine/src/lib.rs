@@ -6,7 +6,8 @@
 //! items of all batched requests split into shared passes ([`tally_core::plan_passes`]) →
 //! label probabilities ([`scorer`]).
 //! [`rerank`] turns (query, documents) into such a request; [`warmup`] runs every pass shape
-//! once before a server reports ready.
+//! once before a server reports ready, after [`tile_tuning`] has timed the flash kernel's tiles
+//! on the device and kept the fastest.
 
 pub mod prefill;
 pub mod prefix_cache;
@@ -15,6 +16,10 @@ pub mod rerank;
 pub mod scheduler;
 pub mod scorer;
 pub mod stats;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod tile_tuning;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod timing;
 pub mod tokenizer;
 pub mod warmup;
 
@@ -24,5 +29,7 @@ pub use rerank::{RerankSetupError, RerankTemplate, Reranker, Truncation};
 pub use scheduler::{ScheduleError, Scheduler, SchedulerOptions, ScoreResult};
 pub use scorer::{EngineError, Scored, Scorer, ScorerOptions};
 pub use stats::{EngineStats, Histogram};
+#[cfg(not(target_arch = "wasm32"))]
+pub use tile_tuning::{AttentionShape, TileTiming, TileTuning};
 pub use tokenizer::{PromptPart, TextTokenizer, TruncationSide};
 pub use warmup::{warmup_steps, WarmupStep};

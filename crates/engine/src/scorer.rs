@@ -9,6 +9,8 @@ use burn::tensor::{backend::Backend, Tensor};
 use tally_core::{padded_tokens, plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
 use tally_model::weights::FloatOnly;
 use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, ModelConfig, OpenedModel, QueryBatch, Routes, ScoringBackend, WeightForm, WeightStorage, PREFILL_CHUNK};
+#[cfg(not(target_arch = "wasm32"))]
+use tally_model::{AttentionRoute, TileShape};
 // `std::time::Instant` panics on wasm32, where the browser page runs this engine.
 use web_time::Instant;
 
@@ -16,6 +18,8 @@ use crate::prefill::{prefill_queries, PrefixCacheUse};
 use crate::prefix_cache::PrefixLru;
 use crate::prepare::{RequestError, RequestPreparer};
 use crate::stats::EngineStats;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::tile_tuning::{AttentionShape, TileTuning};
 use crate::tokenizer::{TextTokenizer, TokenizerError};
 use crate::warmup::{warmup_steps, WarmupStep};
 
@@ -57,6 +61,9 @@ pub struct Scorer<B: ScoringBackend> {
     options: ScorerOptions,
     prefix_cache: PrefixLru<B>,
     stats: Arc<EngineStats>,
+    /// How the flash kernel's tile was picked, where it was timed ([`Self::tune_flash_tile`]).
+    #[cfg(not(target_arch = "wasm32"))]
+    tile_tuning: Option<TileTuning>,
 }
 
 impl<B: ScoringBackend> Scorer<B> {
@@ -92,6 +99,8 @@ impl<B: ScoringBackend> Scorer<B> {
             options,
             prefix_cache: PrefixLru::new(options.prefix_cache_bytes),
             stats,
+            #[cfg(not(target_arch = "wasm32"))]
+            tile_tuning: None,
         })
     }
 
@@ -104,6 +113,31 @@ impl<B: ScoringBackend> Scorer<B> {
     /// Asks for the hot paths' routes; the backend answers what it runs (see [`Routes`]).
     pub fn set_routes(&mut self, requested: Routes) {
         self.model.set_routes(requested);
+    }
+
+    /// Times `candidates` (the first the backend's default) for the flash route at S1's shape on
+    /// this model's heads and runs the fastest from now on ([`crate::tile_tuning`]); `None`
+    /// where the routes are not the flash kernel's or the backend runs no such kernel.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn tune_flash_tile(&mut self, candidates: &[TileShape]) -> Result<Option<TileTuning>, EngineError> {
+        let routes = self.model.routes();
+        if !matches!(routes.attention, AttentionRoute::Flash(_)) {
+            return Ok(None);
+        }
+        let config = self.model.config();
+        let shape = AttentionShape::s1(config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.max_position_embeddings, self.options.pass_budget.max_tokens);
+        let tuning = crate::tile_tuning::tune::<B>(candidates, routes, shape, &self.model.device())?;
+        if let Some(tuning) = &tuning {
+            self.model.set_routes(Routes { attention: AttentionRoute::Flash(tuning.picked), ..routes });
+        }
+        self.tile_tuning.clone_from(&tuning);
+        Ok(tuning)
+    }
+
+    /// The last [`Self::tune_flash_tile`]'s timings and pick, if one ran.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn tile_tuning(&self) -> Option<&TileTuning> {
+        self.tile_tuning.as_ref()
     }
 
     /// The model's shape.
