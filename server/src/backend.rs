@@ -191,8 +191,7 @@ pub struct DeviceArgs {
     /// Key steps `--attention flash` keeps in flight: 2 reads the next step's keys and values
     /// while it computes on this one (one barrier a step); 1 stages and computes in turn; 3
     /// also multiplies the next step's scores during this one's softmax, a third buffer taking
-    /// the step after (fewer where the device's shared memory cannot hold them).
-    /// (Default 2.)
+    /// the step after (fewer where the device's shared memory cannot hold them). Default 2.
     #[arg(long, value_parser = tile_size(["1", "2", "3"]))]
     pub tile_stages: Option<usize>,
     /// How `--attention tiled|flash` on tensor cores reads key and value fragments from shared
@@ -253,7 +252,9 @@ impl From<KvStaging> for tally_model::KvStaging {
 pub enum TileTuning {
     /// On CUDA where no tile flag is given.
     Auto,
+    /// Wherever the flash kernel runs on a GPU (wgpu too), the flags' tile the first candidate.
     On,
+    /// The tile the flags describe, untimed.
     Off,
 }
 
