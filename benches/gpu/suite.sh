@@ -59,6 +59,8 @@ tiles=${TALLY_SUITE_TILES-64x16 128x32}  # empty: no sweep
 # attention stage's default run already is (it times the tile its flags describe). Empty: none.
 flash_variants=${TALLY_SUITE_FLASH_VARIANTS-untuned=--tile-tuning,off filled=--tile-packing,filled split-barriers=--kv-staging,cp-async-split warps12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled ahead=--tile-stages,3,--warp-rows,16,--tile-packing,filled ahead12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled,--tile-stages,3}
 dry=${TALLY_SUITE_DRY_RUN:-0}
+# Whether the word $1 is one of the words of $2.
+listed() { [[ " $2 " == *" $1 "* ]]; }
 # A variant's flags, as words.
 variant_flags() {
     local flags=${1#*=}
@@ -157,7 +159,6 @@ fixtures_stage() {
 # one-stage, cascade-softmax, cascade-scores, element-loads; each ~11 s on the H200, all four
 # measured on 2026-11-27, so a lease short of time can leave them out).
 attention_extras=${TALLY_SUITE_ATTENTION_EXTRAS-one-stage cascade-softmax cascade-scores element-loads}
-has_attention_extra() { [[ " $attention_extras " == *" $1 "* ]]; }
 attention_stage() {
     local ok=0 last=${gpu_dtypes##* }
     for dtype in $gpu_dtypes; do
@@ -167,17 +168,17 @@ attention_stage() {
         "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" \
             --tile-rows ${tile%x*} --tile-keys ${tile#*x} --routes tiled,flash --out "$out/attention-$gpu-$last-tile-$tile.json" || ok=1
     done
-    has_attention_extra one-stage && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --tile-stages 1 --routes flash \
+    listed one-stage "$attention_extras" && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --tile-stages 1 --routes flash \
         --out "$out/attention-$gpu-$last-one-stage.json" || ok=1; }
     # The cascade's softmax in Burn's ops (the first run above has tally's kernel where the
     # elementwise route is the kernels', CUDA's default).
-    has_attention_extra cascade-softmax && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --elementwise burn --routes cascade \
+    listed cascade-softmax "$attention_extras" && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --elementwise burn --routes cascade \
         --out "$out/attention-$gpu-$last-cascade-burn-softmax.json" || ok=1; }
     # Its scores rounded to the model's dtype (half the bytes; the first run has cuBLASLt's
     # float32 accumulators as they are).
-    has_attention_extra cascade-scores && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --cascade-scores model --routes cascade \
+    listed cascade-scores "$attention_extras" && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --cascade-scores model --routes cascade \
         --out "$out/attention-$gpu-$last-cascade-model-scores.json" || ok=1; }
-    has_attention_extra element-loads && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --fragment-loads elements --routes tiled,flash \
+    listed element-loads "$attention_extras" && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --fragment-loads elements --routes tiled,flash \
         --out "$out/attention-$gpu-$last-element-loads.json" || ok=1; }
     for variant in $flash_variants; do
         # `bench attention` never tunes: its default run is the untuned tile already.
@@ -210,7 +211,6 @@ make_model() { [ -f $model/config.json ] || "$cuda" make-model --preset $preset 
 # 41), against the defaults' unfused backend (the host's time a request, 3-8 ms against 20-50 on
 # the offline runtime: what it buys where the host bounds a request, S2 most likely).
 scenario_extras=${TALLY_SUITE_SCENARIO_EXTRAS-split elementwise-burn fusion cublas-sync cublas-algos cascade}
-has_extra() { [[ " $scenario_extras " == *" $1 "* ]]; }
 scenario_stage() {
     make_model || return 1
     local ok=0 first_attention=${attentions%% *}
@@ -224,19 +224,19 @@ scenario_stage() {
             done
         done
         for matmul in $matmuls; do
-            has_extra split && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+            listed split "$scenario_extras" && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --max-batch-tokens $split_tokens \
                 --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-$split_tokens-tokens.json" || ok=1; }
-            has_extra elementwise-burn && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+            listed elementwise-burn "$scenario_extras" && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --elementwise burn \
                 --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-elementwise-burn.json" || ok=1; }
-            if has_extra fusion && [ "$dry" = 1 ]; then
+            if listed fusion "$scenario_extras" && [ "$dry" = 1 ]; then
                 # The CPU has no fusion layer: the rehearsal checks the flag is refused clearly.
                 if "$cuda" bench scenario --model $model --scenario s1 --items $items --requests 1 --backend $gpu --fusion on >"$out/fusion-refused.stdout" 2>&1; then
                     echo "--fusion on ran on the CPU"; ok=1
                 fi
                 grep "the CPU backend has no fusion layer" "$out/fusion-refused.stdout" || ok=1
-            elif has_extra fusion; then
+            elif listed fusion "$scenario_extras"; then
                 for s in $scenarios; do
                     "$cuda" bench scenario --model $model --scenario $s --items $items --requests $requests --backend $gpu --dtype $dtype \
                         --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --fusion on \
@@ -251,12 +251,12 @@ scenario_stage() {
                 done
             fi
             # cuBLASLt on CubeCL's stream against the same GEMMs with host syncs around each.
-            [ "$matmul" = cublas ] && has_extra cublas-sync && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+            [ "$matmul" = cublas ] && listed cublas-sync "$scenario_extras" && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags cublas-sync) "${tile_flags[@]}" --out "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-sync.json" || ok=1; }
-            has_extra cascade && [[ " $attentions " != *" cascade "* ]] && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+            listed cascade "$scenario_extras" && ! listed cascade "$attentions" && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention cascade $(matmul_flags $matmul) --out "$out/scenario-s1-$gpu-$dtype-cascade-$matmul.json" \
                 | tee "$out/scenario-s1-$gpu-$dtype-cascade-$matmul.stdout" || ok=1; }
-            [ "$matmul" = cublas ] && has_extra cublas-algos && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+            [ "$matmul" = cublas ] && listed cublas-algos "$scenario_extras" && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention --matmul cublas --cublas-algos 8 "${tile_flags[@]}" --out "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-algos8.json" \
                 | tee "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-algos8.stdout" || ok=1; }
         done
