@@ -117,7 +117,8 @@ impl<B: ScoringBackend> Scorer<B> {
 
     /// Times `candidates` (the first the backend's default) for the flash route at S1's shape on
     /// this model's heads and runs the fastest from now on ([`crate::tile_tuning`]); `None`
-    /// where the routes are not the flash kernel's or the backend runs no such kernel.
+    /// where the routes the backend runs are not the flash kernel's (the CPU runs its own
+    /// kernel for every route).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn tune_flash_tile(&mut self, candidates: &[TileShape]) -> Result<Option<TileTuning>, EngineError> {
         let routes = self.model.routes();

@@ -86,14 +86,12 @@ impl std::fmt::Display for TileTuning {
 }
 
 /// Times `candidates` (the first is the backend's default) on the flash route at `shape` and
-/// returns the fastest, the first unless another beats it by more than [`MARGIN`]. `routes`:
-/// the other hot paths' routes (the flash kernel's inputs are the same whatever they are).
-/// `None` where the backend does not run the flash kernel (the CPU runs its own for every
-/// route) or there are no candidates.
-pub fn tune<B: ScoringBackend>(candidates: &[TileShape], routes: Routes, shape: AttentionShape, device: &B::Device) -> Result<Option<TileTuning>, EngineError> {
+/// returns the fastest, the first unless another beats it by more than [`MARGIN`]; `None`
+/// without candidates. `routes`: the routes the backend runs, the flash kernel's among them
+/// ([`crate::Scorer::tune_flash_tile`] asks only then).
+pub(crate) fn tune<B: ScoringBackend>(candidates: &[TileShape], routes: Routes, shape: AttentionShape, device: &B::Device) -> Result<Option<TileTuning>, EngineError> {
     let flash = |tile| Routes { attention: AttentionRoute::Flash(tile), ..routes };
-    let Some(&first) = candidates.first() else { return Ok(None) };
-    if !matches!(B::routes(flash(first)).attention, AttentionRoute::Flash(_)) {
+    if candidates.is_empty() {
         return Ok(None);
     }
     let s = shape;
