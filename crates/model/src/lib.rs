@@ -42,7 +42,7 @@ pub mod tensor_names;
 pub mod weight;
 pub mod weights;
 
-pub use backend::{PlannedAttention, ScoringBackend};
+pub use backend::{DeviceRead, DeviceReadError, PlannedAttention, ScoringBackend};
 #[cfg(feature = "cubecl")]
 pub use tally_shaders::{set_matmul_route, set_wide_products_in_float32, MatmulRoute};
 /// The cuBLASLt route's availability check and per-shape profile.

@@ -1,14 +1,19 @@
 //! [`ScoringBackend`] on CubeCL backends (wgpu, CUDA): the kernels of `tally-shaders`, on
 //! plain `CubeBackend`s and through Burn's fusion layer (the default `Wgpu`/`Cuda` types).
 
-use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
+use std::any::Any;
+use std::sync::Mutex;
+
+use burn::tensor::{backend::Backend, DType, Tensor, TensorData, TensorPrimitive};
+use burn_cubecl::cubecl::{prelude::ComputeClient, server::CopyDescriptor};
+use burn_cubecl::kernel::into_contiguous_aligned;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{client::GlobalFusionClient, stream::OperationStreams, Fusion, FusionBackend, NoOp};
 use burn_ir::{InitOperationIr, OperationIr};
 use tally_shaders::{add_rms_norm, chosen_matmul, norm_rope, routes_to_block, silu_mul, cublas_matmul, f32_matmul, free_device_memory, matmul_rounds_to_tf32, routes_to_cublas, softmax_lse, wide_product_dtype, AttentionKernel, AttentionTiles, MultiItemAttention, StreamedLabelLogprobs};
 
 use super::stored::{Limits, StoredMatrix};
-use super::{PlannedAttention, ScoringBackend};
+use super::{DeviceRead, DeviceReadError, PlannedAttention, ScoringBackend};
 use crate::blocks::BlockMatrix;
 use crate::attention::PaddedPlan;
 use crate::kv::PrefixKv;
@@ -63,6 +68,20 @@ where
 
     fn free_memory(device: &R::Device) -> Option<u64> {
         free_device_memory::<R>(device)
+    }
+
+    /// CubeCL queues the copy (and, on CUDA, an event after it) when the read is asked for;
+    /// the future only waits for it.
+    fn start_read<const D: usize>(tensor: Tensor<Self, D>) -> DeviceRead {
+        let tensor = into_contiguous_aligned(tensor.into_primitive().tensor());
+        let (shape, strides, dtype, elem_size) = (tensor.meta.shape().clone(), tensor.meta.strides().clone(), tensor.dtype, tensor.elem_size());
+        let client = lasting_client::<R>(&tensor.device);
+        let descriptor = CopyDescriptor::new(tensor.handle.binding(), shape.clone(), strides, elem_size);
+        let bytes = client.read_one_tensor_async(descriptor);
+        Box::pin(async move {
+            let bytes = bytes.await.map_err(|error| DeviceReadError(error.to_string()))?;
+            Ok(TensorData::from_bytes(bytes, shape, dtype))
+        })
     }
 
     fn max_buffer_bytes(device: &R::Device) -> Option<u64> {
@@ -320,6 +339,23 @@ fn autotuned_matmul<B: Backend, const D: usize>(lhs: Tensor<B, D>, rhs: Tensor<B
     let lhs_zeros = lhs.clone().narrow(D - 1, 0, 8).zeros_like();
     let rhs_zeros = rhs.clone().narrow(D - 2, 0, 8).zeros_like();
     Tensor::cat(vec![lhs, lhs_zeros], D - 1).matmul(Tensor::cat(vec![rhs, rhs_zeros], D - 2))
+}
+
+/// A client of `device` kept for the life of the process, one a device and runtime. CubeCL's
+/// read futures borrow the client that started them (an edition-2024 `impl Future` captures
+/// `&self`) though they hold nothing of it, and a read started for a pass must outlive the call
+/// that started it ([`ScoringBackend::start_read`]). CubeCL keeps its own clients for the
+/// process too; this is one more handle to the same device a runtime already keeps.
+fn lasting_client<R: CubeRuntime>(device: &R::Device) -> &'static ComputeClient<R> {
+    static CLIENTS: Mutex<Vec<Box<dyn Any + Send + Sync>>> = Mutex::new(Vec::new());
+    let mut clients = CLIENTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let kept = clients.iter().filter_map(|entry| entry.downcast_ref::<(R::Device, &'static ComputeClient<R>)>()).find(|(kept, _)| kept == device);
+    if let Some(&(_, client)) = kept {
+        return client;
+    }
+    let client: &'static ComputeClient<R> = Box::leak(Box::new(R::client(device)));
+    clients.push(Box::new((device.clone(), client)));
+    client
 }
 
 fn fusion_client<B: FusionBackend, const D: usize>(tensor: &Tensor<Fusion<B>, D>) -> GlobalFusionClient<B::FusionRuntime> {

@@ -13,9 +13,11 @@ mod cpu;
 #[cfg(feature = "cubecl")]
 pub mod stored;
 
+use std::future::Future;
 use std::ops::Range;
+use std::pin::Pin;
 
-use burn::tensor::{backend::Backend, DType, Tensor};
+use burn::tensor::{backend::Backend, DType, Tensor, TensorData};
 
 use crate::attention::{self, PaddedPlan};
 use crate::blocks::BlockMatrix;
@@ -27,6 +29,14 @@ use crate::lm_head;
 use crate::matmul::Matmul;
 use crate::route::Routes;
 use crate::weight::TokenTable;
+
+/// A tensor on its way to the host ([`ScoringBackend::start_read`]).
+pub type DeviceRead = Pin<Box<dyn Future<Output = Result<TensorData, DeviceReadError>>>>;
+
+/// The device could not hand a tensor back.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read results back from the device: {0}")]
+pub struct DeviceReadError(pub String);
 
 /// A weight matrix kept in its file's format, as a backend holds it ([`ScoringBackend::BlockWeight`]).
 pub trait BlockWeight: Clone + Send + Sync + 'static {
@@ -110,6 +120,15 @@ pub trait ScoringBackend: Matmul {
     /// Full-vocabulary log-probabilities of each row's labels: see [`lm_head::label_logprobs`].
     fn label_logprobs(hidden: Tensor<Self, 2>, head: Tensor<Self, 2>, labels: &LabelTable) -> Tensor<Self, 2> {
         lm_head::label_logprobs(hidden, &TokenTable::Float(head), labels)
+    }
+
+    /// `tensor`'s values, copied to the host. Where the backend can, the copy is queued at once,
+    /// behind the work that produces `tensor`, so work issued after this call does not delay
+    /// it: the engine issues a pass before it waits for the one before (see the engine's
+    /// `BatchRun`). Default: Burn's read, which starts when first awaited, behind everything
+    /// issued by then (the same values, only no overlap).
+    fn start_read<const D: usize>(tensor: Tensor<Self, D>) -> DeviceRead {
+        Box::pin(async move { tensor.into_data_async().await.map_err(|error| DeviceReadError(format!("{error:?}"))) })
     }
 }
 
