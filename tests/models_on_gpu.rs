@@ -15,6 +15,8 @@ mod kernel_cases;
 use burn::backend::NdArray;
 use burn_cubecl::CubeBackend;
 use scoring_pass::{fixture_models, label_logprobs, whole_model_routes};
+use tally_core::{ModelLimits, PassBudget, ScoreInput};
+use tally_engine::{Scorer, ScorerOptions};
 use tally_model::{Routes, ScoringBackend};
 
 /// Log-probabilities (not probabilities): relative 1e-3, absolute 1e-3 below 1 in magnitude.
@@ -65,6 +67,36 @@ fn every_fixture_model_through_fusion_matches_the_cpu() {
     check::<runtime::Fused>(&format!("{}, fusion", runtime::NAME), &whole_model_routes());
 }
 
+/// The engine's passes on the unfused backend, each issued before the one before it is read: the
+/// backend queues a pass's read as it is issued ([`ScoringBackend::start_read`]), behind that
+/// pass and ahead of the next, whose work reuses the memory the last one freed. Three requests
+/// of five items in passes of at most 16 item tokens, two items a pass (softmax over the labels
+/// and full-vocabulary probabilities), against the CPU's scores of the same batch: relative 1e-3.
+fn passes_issued_ahead_of_their_reads_score_as_on_the_cpu() {
+    let dir = fixture_models().into_iter().find(|dir| dir.ends_with("tied-gqa")).expect("the tied-gqa fixture");
+    let limits = ModelLimits { vocab_size: 512, max_positions: 1000 };
+    let inputs: Vec<ScoreInput> = (0..3u32)
+        .map(|r| {
+            let query = (0..9 + 4 * r).map(|t| (t * 37 + r * 11 + 5) % 512).collect();
+            let items = (0..5).map(|i| (0..6 + (i % 3)).map(|t| (t * 53 + i * 7 + r * 3 + 1) % 512).collect()).collect();
+            ScoreInput::new(query, items, vec![3, 40 + r, 200], r != 1, false, limits).unwrap()
+        })
+        .collect();
+    let batch: Vec<&ScoreInput> = inputs.iter().collect();
+    let options = ScorerOptions { pass_budget: PassBudget { max_tokens: 16, ..Default::default() }, ..Default::default() };
+    let expected = Scorer::<NdArray<f32>>::load(&dir, &Default::default(), options).unwrap().score_batch(&batch).unwrap();
+    let mut scorer = Scorer::<CubeBackend<runtime::Runtime, f32, i32, u32>>::load(&dir, &Default::default(), options).unwrap();
+    let got = scorer.score_batch(&batch).unwrap();
+    assert!(scorer.stats().pass_items.count() >= 6, "several passes: {}", scorer.stats().pass_items.count());
+    for (r, (got, expected)) in got.iter().zip(&expected).enumerate() {
+        for (i, (got, expected)) in got.iter().zip(expected).enumerate() {
+            for (g, e) in got.iter().zip(expected) {
+                assert!((g - e).abs() <= 1e-3 * e.abs(), "request {r} item {i}: {got:?}, the CPU says {expected:?}");
+            }
+        }
+    }
+}
+
 /// Every model again with its matmuls on cuBLASLt (`--matmul cublas`), the GEMMs enqueued on
 /// CubeCL's own stream between tally's and Burn's kernels: a missing order shows as wrong scores.
 #[cfg(feature = "cuda")]
@@ -77,7 +109,7 @@ fn every_fixture_model_on_cublas_matches_the_cpu() {
 
 fn main() {
     #[allow(unused_mut)]
-    let mut tests = gpu::named![every_fixture_model_on_the_unfused_cube_backend_matches_the_cpu, every_fixture_model_through_fusion_matches_the_cpu];
+    let mut tests = gpu::named![every_fixture_model_on_the_unfused_cube_backend_matches_the_cpu, every_fixture_model_through_fusion_matches_the_cpu, passes_issued_ahead_of_their_reads_score_as_on_the_cpu];
     #[cfg(feature = "cuda")]
     tests.extend(gpu::named![every_fixture_model_on_cublas_matches_the_cpu]);
     gpu::run(tests)

@@ -141,6 +141,12 @@ pub struct ServeArgs {
     /// Requests waiting for the model before new ones get 503.
     #[arg(long, default_value_t = 256)]
     pub max_queue: usize,
+    /// Read each forward pass's scores before issuing the next (SGLang's
+    /// --disable-overlap-schedule). By default the next pass, or the next batch's first, is
+    /// issued while the device runs the last, so the host's work between them does not leave
+    /// the device idle.
+    #[arg(long)]
+    pub no_overlap: bool,
     /// Items per request before 413.
     #[arg(long, default_value_t = 4096)]
     pub max_items_per_request: usize,

@@ -4,11 +4,13 @@
 //! ([`prepare`]) → queued and batched with concurrent requests ([`scheduler`]) → each query
 //! taken from the [`prefix_cache`] or prefilled, the batch's misses together ([`prefill`]) →
 //! items of all batched requests split into shared passes ([`tally_core::plan_passes`]) →
+//! passes issued and read back in order, the next issued before the last is read ([`batch`]) →
 //! label probabilities ([`scorer`]).
 //! [`rerank`] turns (query, documents) into such a request; [`warmup`] runs every pass shape
 //! once before a server reports ready, after [`tile_tuning`] has timed the flash kernel's tiles
 //! on the device and kept the fastest.
 
+pub mod batch;
 pub mod prefill;
 pub mod prefix_cache;
 pub mod prepare;
@@ -23,6 +25,7 @@ pub mod timing;
 pub mod tokenizer;
 pub mod warmup;
 
+pub use batch::BatchRun;
 pub use prefill::PrefixCacheUse;
 pub use prepare::{RequestError, RequestPreparer};
 pub use rerank::{RerankSetupError, RerankTemplate, Reranker, Truncation};

@@ -1,6 +1,11 @@
 //! The request queue in front of the model: one worker thread owns the model and scores
 //! whatever has queued up since its last batch in shared forward passes (dynamic batching).
 //! The queue is bounded; a full queue is the caller's signal to shed load.
+//!
+//! With `overlap` (the default, as SGLang's overlap schedule) the worker issues the next
+//! batch's first pass, and each pass of a batch, before it reads the pass before: the host's
+//! work between passes (gathering, planning, prefill, launching, turning values into scores)
+//! runs while the device computes, instead of leaving it idle.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -12,7 +17,8 @@ use tally_model::ScoringBackend;
 use tally_core::ScoreInput;
 use tokio::sync::oneshot;
 
-use crate::scorer::{Scored, Scorer};
+use crate::batch::BatchRun;
+use crate::scorer::{EngineError, Scored, Scorer};
 use crate::stats::EngineStats;
 
 #[derive(Debug, Clone, Copy)]
@@ -23,6 +29,9 @@ pub struct SchedulerOptions {
     /// fits (the pass budget, so a batch of new queries can run as one pass); a batch always
     /// takes at least one request.
     pub max_batch_tokens: usize,
+    /// Issue the next pass (the next batch's first) before reading the last; off, each pass is
+    /// read before the next is issued.
+    pub overlap: bool,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -100,32 +109,133 @@ impl Drop for Scheduler {
     }
 }
 
+/// A batch the model is scoring, and who waits for its answers.
+struct Running<B: ScoringBackend> {
+    run: BatchRun<B, ScoreInput>,
+    waiting: Vec<Waiting>,
+}
+
+struct Waiting {
+    deadline: Instant,
+    reply: oneshot::Sender<ScoreResult>,
+}
+
+/// Asked before each query and each pass: work for a client that left or gave up stops.
+fn still_wanted(waiting: &[Waiting]) -> impl Fn(usize) -> bool + '_ {
+    |r| !waiting[r].reply.is_closed() && waiting[r].deadline > Instant::now()
+}
+
 fn run_worker<B: ScoringBackend>(mut scorer: Scorer<B>, jobs: Receiver<Job>, options: SchedulerOptions) {
     let stats = scorer.stats();
+    // Passes of a batch issued before the one before them is read.
+    let ahead = usize::from(options.overlap);
     // The job that did not fit the last batch: it leads the next one.
     let mut held_over: Option<Job> = None;
-    // `recv` keeps returning queued jobs after the handle is dropped, so shutdown drains.
-    while let Some(first) = held_over.take().or_else(|| jobs.recv().ok()) {
+    // With `overlap`, the last batch, its last pass still on the device: read once the next
+    // batch's first pass is issued behind it, or once nothing more is queued.
+    let mut on_device: Option<Running<B>> = None;
+    loop {
+        let first = match held_over.take() {
+            Some(job) => Some(job),
+            None if on_device.is_some() => jobs.try_recv().ok(),
+            // `recv` keeps returning queued jobs after the handle is dropped, so shutdown drains.
+            None => jobs.recv().ok(),
+        };
+        let Some(first) = first else {
+            match on_device.take() {
+                Some(running) => finish(&scorer, running, &stats),
+                None => break,
+            }
+            continue;
+        };
         let batch;
         (batch, held_over) = next_batch(first, &jobs, options.max_batch_tokens);
         stats.queue_depth.fetch_sub(batch.len() as i64, Relaxed);
-        stats.requests_running.store(batch.len() as i64, Relaxed);
-
-        let inputs: Vec<&ScoreInput> = batch.iter().map(|job| &job.input).collect();
-        // Asked before each query and each pass: work for a client that left or gave up stops.
-        let wanted = |r: usize| !batch[r].reply.is_closed() && batch[r].deadline > Instant::now();
-        // A bug in a backend must fail these requests, not kill the worker and every later request.
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scorer.score_batch_while(&inputs, &wanted)));
-        let results: Vec<ScoreResult> = match outcome {
-            Ok(Ok(scores)) => scores.into_iter().map(|s| s.ok_or(ScheduleError::Expired)).collect(),
-            Ok(Err(error)) => batch.iter().map(|_| Err(ScheduleError::Failed(error.to_string()))).collect(),
-            Err(_) => batch.iter().map(|_| Err(ScheduleError::Failed("the model panicked; see the server log".into()))).collect(),
-        };
-        stats.requests_running.store(0, Relaxed);
-        for (job, result) in batch.into_iter().zip(results) {
-            // The client may have gone away; its answer is simply dropped.
-            let _ = job.reply.send(result);
+        stats.requests_running.fetch_add(batch.len() as i64, Relaxed);
+        let started = start(&mut scorer, batch, &stats);
+        if let Some(previous) = on_device.take() {
+            if started.is_some() {
+                stats.batches_issued_ahead.fetch_add(1, Relaxed);
+            }
+            finish(&scorer, previous, &stats);
         }
+        let Some(mut running) = started else { continue };
+        if let Err(error) = issue_the_rest(&mut scorer, &mut running, ahead) {
+            answer(&stats, running.waiting, std::iter::repeat(Err(error)));
+            continue;
+        }
+        if options.overlap {
+            on_device = Some(running);
+        } else {
+            finish(&scorer, running, &stats);
+        }
+    }
+}
+
+/// The batch begun and its first pass issued; `None` where that failed (its requests are
+/// answered).
+fn start<B: ScoringBackend>(scorer: &mut Scorer<B>, batch: Vec<Job>, stats: &EngineStats) -> Option<Running<B>> {
+    let (inputs, waiting): (Vec<ScoreInput>, Vec<Waiting>) = batch.into_iter().map(|job| (job.input, Waiting { deadline: job.deadline, reply: job.reply })).unzip();
+    let begun = {
+        let wanted = still_wanted(&waiting);
+        guarded(|| {
+            let mut run = scorer.begin_batch(inputs, &wanted);
+            scorer.issue_pass(&mut run, &wanted);
+            Ok(run)
+        })
+    };
+    match begun {
+        Ok(run) => Some(Running { run, waiting }),
+        Err(error) => {
+            answer(stats, waiting, std::iter::repeat(Err(error)));
+            None
+        }
+    }
+}
+
+/// Issues the rest of `running`'s passes, each once at most `ahead` passes issued before it are
+/// unread.
+fn issue_the_rest<B: ScoringBackend>(scorer: &mut Scorer<B>, running: &mut Running<B>, ahead: usize) -> Result<(), ScheduleError> {
+    let wanted = still_wanted(&running.waiting);
+    let run = &mut running.run;
+    guarded(|| loop {
+        while run.passes_unread() > ahead {
+            scorer.read_pass_blocking(run)?;
+        }
+        if !scorer.issue_pass(run, &wanted) {
+            return Ok(());
+        }
+    })
+}
+
+/// Reads what is left of `running` and answers its requests.
+fn finish<B: ScoringBackend>(scorer: &Scorer<B>, running: Running<B>, stats: &EngineStats) {
+    let Running { mut run, waiting } = running;
+    let scored = guarded(|| {
+        while scorer.read_pass_blocking(&mut run)? {}
+        Ok(scorer.finish_batch(run))
+    });
+    match scored {
+        Ok(scored) => answer(stats, waiting, scored.into_iter().map(|s| s.ok_or(ScheduleError::Expired))),
+        Err(error) => answer(stats, waiting, std::iter::repeat(Err(error))),
+    }
+}
+
+/// `step`'s outcome; a panic (a bug in a backend) fails the batch's requests instead of killing
+/// the worker and every later request.
+fn guarded<T>(step: impl FnOnce() -> Result<T, EngineError>) -> Result<T, ScheduleError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(ScheduleError::Failed(error.to_string())),
+        Err(_) => Err(ScheduleError::Failed("the model panicked; see the server log".into())),
+    }
+}
+
+fn answer(stats: &EngineStats, waiting: Vec<Waiting>, results: impl Iterator<Item = ScoreResult>) {
+    stats.requests_running.fetch_sub(waiting.len() as i64, Relaxed);
+    for (waiting, result) in waiting.into_iter().zip(results) {
+        // The client may have gone away; its answer is simply dropped.
+        let _ = waiting.reply.send(result);
     }
 }
 
@@ -186,28 +296,77 @@ mod tests {
         assert_eq!(batches(&[10], 100), (vec![10], None, vec![]));
     }
 
-    /// The worker runs the job a batch held over in the next batch: every job is answered, in
-    /// batches that each fit the budget.
-    #[test]
-    fn the_worker_scores_held_over_jobs_in_the_next_batch() {
-        // The tied-gqa fixture model: 1 + 1 prompt tokens a job below; two fit a batch of 4.
+    /// The tied-gqa fixture model (vocabulary 512) on the CPU.
+    fn fixture_scorer(options: crate::ScorerOptions) -> Scorer<burn::backend::NdArray<f32>> {
         let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/tied-gqa");
-        let scorer = Scorer::<burn::backend::NdArray<f32>>::load(&fixtures, &Default::default(), crate::ScorerOptions::default()).unwrap();
-        let (queue, jobs) = sync_channel(8);
-        let mut replies = Vec::new();
-        for _ in 0..5 {
+        Scorer::load(&fixtures, &Default::default(), options).unwrap()
+    }
+
+    /// Runs the worker over `inputs`, all queued before it starts, to the end; each request's
+    /// answer, and the worker's counters.
+    fn run_queued(scorer: Scorer<burn::backend::NdArray<f32>>, inputs: Vec<ScoreInput>, options: SchedulerOptions) -> (Vec<ScoreResult>, Arc<EngineStats>) {
+        let (queue, jobs) = sync_channel(inputs.len());
+        let mut answers = Vec::new();
+        for input in inputs {
             let (reply, answer) = oneshot::channel();
-            queue.send(Job { input: job(1).input, deadline: Instant::now() + std::time::Duration::from_secs(600), reply }).unwrap();
-            replies.push(answer);
+            queue.send(Job { input, deadline: Instant::now() + std::time::Duration::from_secs(600), reply }).unwrap();
+            answers.push(answer);
         }
         drop(queue);
         let stats = scorer.stats();
-        run_worker(scorer, jobs, SchedulerOptions { max_queue: 8, max_batch_tokens: 4 });
-        assert!(replies.into_iter().all(|mut answer| answer.try_recv().is_ok_and(|scored| scored.is_ok())));
-        // Batches of 2, 2 and 1.
-        let (buckets, _) = stats.batch_requests.snapshot();
-        let at_most = |n: f64| buckets.iter().find(|(bound, _)| *bound >= n).unwrap().1;
-        assert_eq!((stats.batch_requests.count(), at_most(1.0), at_most(2.0)), (3, 1, 3));
+        run_worker(scorer, jobs, options);
+        assert_eq!(stats.requests_running.load(Relaxed), 0, "every batch answered");
+        (answers.into_iter().map(|mut answer| answer.try_recv().expect("every job is answered")).collect(), stats)
+    }
+
+    /// The worker runs the job a batch held over in the next batch: every job is answered, in
+    /// batches that each fit the budget; with `overlap`, each batch after the first is issued
+    /// before the one before it is read.
+    #[test]
+    fn the_worker_scores_held_over_jobs_in_the_next_batch() {
+        for overlap in [true, false] {
+            // 1 + 1 prompt tokens a job below; two fit a batch of 4.
+            let inputs = (0..5).map(|_| job(1).input).collect();
+            let (answers, stats) = run_queued(fixture_scorer(crate::ScorerOptions::default()), inputs, SchedulerOptions { max_queue: 8, max_batch_tokens: 4, overlap });
+            assert!(answers.iter().all(Result::is_ok));
+            // Batches of 2, 2 and 1.
+            let (buckets, _) = stats.batch_requests.snapshot();
+            let at_most = |n: f64| buckets.iter().find(|(bound, _)| *bound >= n).unwrap().1;
+            assert_eq!((stats.batch_requests.count(), at_most(1.0), at_most(2.0)), (3, 1, 3));
+            assert_eq!(stats.batches_issued_ahead.load(Relaxed), if overlap { 2 } else { 0 }, "overlap {overlap}");
+        }
+    }
+
+    /// Batches issued behind unread ones, passes issued behind unread ones, and queries found in
+    /// the prefix cache where the batch that cached them is still unread: the same scores as
+    /// when every pass is read before the next is issued (the same batches, so bit for bit).
+    #[test]
+    fn overlapped_batches_score_as_batches_read_one_at_a_time() {
+        let limits = ModelLimits { vocab_size: 512, max_positions: 1000 };
+        // Six requests of 3 items (5 + 3 × 4 = 17 prompt tokens): batches of two; queries
+        // repeated across batches; several passes a batch at 8 item tokens a pass.
+        let inputs = || -> Vec<ScoreInput> {
+            (0..6u32)
+                .map(|r| {
+                    let query = (0..5).map(|t| 10 + (r % 4) * 7 + t).collect();
+                    let items = (0..3).map(|i| (0..4).map(|t| 100 + r * 13 + i * 5 + t).collect()).collect();
+                    ScoreInput::new(query, items, vec![3, 7 + r], r % 2 == 0, false, limits).unwrap()
+                })
+                .collect()
+        };
+        let scorer_options = crate::ScorerOptions { pass_budget: tally_core::PassBudget { max_tokens: 8, ..Default::default() }, prefix_cache_bytes: 1 << 20, ..Default::default() };
+        let scored = |overlap: bool| {
+            let (answers, stats) = run_queued(fixture_scorer(scorer_options), inputs(), SchedulerOptions { max_queue: 8, max_batch_tokens: 34, overlap });
+            let scores: Vec<Vec<Vec<f64>>> = answers.into_iter().map(|answer| answer.unwrap().scores).collect();
+            (scores, stats)
+        };
+        let (overlapped, stats) = scored(true);
+        let (one_at_a_time, _) = scored(false);
+        assert_eq!(stats.batches_issued_ahead.load(Relaxed), 2, "three batches, each after the first issued ahead");
+        assert!(stats.pass_items.count() >= 6, "several passes a batch: {}", stats.pass_items.count());
+        assert!(stats.prefix_cache_hits.load(Relaxed) > 0, "queries repeated across batches are cache hits");
+        assert_eq!(overlapped, one_at_a_time);
+        assert!(overlapped.iter().flatten().all(|scores| scores.len() == 2 && scores.iter().all(|p| p.is_finite() && *p > 0.0)));
     }
 
     #[test]

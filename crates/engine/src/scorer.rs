@@ -1,19 +1,20 @@
 //! The scoring pipeline over one loaded model: one request, or a batch of requests whose items
 //! share forward passes.
 
-use std::borrow::Cow;
+use std::borrow::Borrow;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use burn::tensor::{backend::Backend, Tensor};
-use tally_core::{padded_tokens, plan_passes, ItemShape, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
+use tally_core::{padded_tokens, plan_passes, ModelLimits, PassBudget, ScoreInput, ScoreRequest, ScoreResponse};
 use tally_model::weights::FloatOnly;
-use tally_model::{DecoderModel, ItemGroup, LabelTable, LoadError, ModelConfig, OpenedModel, QueryBatch, Routes, ScoringBackend, WeightForm, WeightStorage, PREFILL_CHUNK};
+use tally_model::{DecoderModel, DeviceReadError, ItemGroup, LabelTable, LoadError, ModelConfig, OpenedModel, QueryBatch, Routes, ScoringBackend, WeightForm, WeightStorage, PREFILL_CHUNK};
 #[cfg(not(target_arch = "wasm32"))]
 use tally_model::{AttentionRoute, TileShape};
 // `std::time::Instant` panics on wasm32, where the browser page runs this engine.
 use web_time::Instant;
 
+use crate::batch::{BatchItems, BatchRun, PassRead};
 use crate::prefill::{prefill_queries, PrefixCacheUse};
 use crate::prefix_cache::PrefixLru;
 use crate::prepare::{RequestError, RequestPreparer};
@@ -32,8 +33,8 @@ pub enum EngineError {
     Load(#[from] LoadError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
-    #[error("cannot read results back from the device: {0}")]
-    Device(String),
+    #[error(transparent)]
+    Read(#[from] DeviceReadError),
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -247,10 +248,7 @@ impl<B: ScoringBackend> Scorer<B> {
         burn::tensor::try_read_sync(self.score_async(request)).unwrap_or_else(|| Err(cannot_block()))
     }
 
-    /// `scores[r][i][j]` for a batch of validated requests. Each query runs once (or comes from
-    /// the prefix cache); the items of all requests are planned into shared passes, in which
-    /// every item attends to its own request's query. With `item_first` nothing can be shared,
-    /// so each `item + query` is a sequence of its own with an empty prefix.
+    /// `scores[r][i][j]` for a batch of validated requests (see [`Self::begin_batch`]).
     pub fn score_batch(&mut self, inputs: &[&ScoreInput]) -> Result<Vec<Vec<Vec<f64>>>, EngineError> {
         let scored = self.score_batch_while(inputs, &|_| true)?;
         Ok(scored.into_iter().map(|s| s.expect("every request is wanted").scores).collect())
@@ -274,13 +272,30 @@ impl<B: ScoringBackend> Scorer<B> {
     }
 
     /// [`Self::score_batch_while`] with asynchronous readback; the one implementation of both:
-    /// the queries prefilled (or taken from the cache), the items planned into passes, each
-    /// pass scored, the batch counted.
+    /// each pass issued before the one before it is read.
     async fn score_batch_while_async(&mut self, inputs: &[&ScoreInput], wanted: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Scored>>, EngineError> {
-        let mut dropped: Vec<bool> = (0..inputs.len()).map(|r| !wanted(r)).collect();
-        let wanted_queries: Vec<Option<&[u32]>> = inputs.iter().zip(&dropped).map(|(input, &dropped)| (!input.item_first && !dropped).then_some(&*input.query)).collect();
-        let items = BatchItems::new(inputs);
-        let shapes = items.shapes(inputs, &wanted_queries);
+        let mut run = self.begin_batch(inputs.to_vec(), wanted);
+        while self.issue_pass(&mut run, wanted) {
+            if run.passes_unread() > 1 {
+                self.read_pass(&mut run).await?;
+            }
+        }
+        while self.read_pass(&mut run).await? {}
+        Ok(self.finish_batch(run))
+    }
+
+    /// Starts a batch of validated requests: each query taken from the prefix cache or
+    /// prefilled (the misses together), the items of every request planned into shared passes,
+    /// in which each item attends to its own request's query. With `item_first` nothing can be
+    /// shared, so each `item + query` is a sequence of its own with an empty prefix. No pass is
+    /// issued yet: [`Self::issue_pass`] issues them one at a time, [`Self::read_pass`] reads
+    /// them back in order, [`Self::finish_batch`] gives the answers. `wanted(r)` is asked
+    /// before the queries run, as before each pass.
+    pub fn begin_batch<I: Borrow<ScoreInput>>(&mut self, inputs: Vec<I>, wanted: &dyn Fn(usize) -> bool) -> BatchRun<B, I> {
+        let dropped: Vec<bool> = (0..inputs.len()).map(|r| !wanted(r)).collect();
+        let wanted_queries: Vec<Option<&[u32]>> = inputs.iter().map(Borrow::borrow).zip(&dropped).map(|(input, &dropped): (&ScoreInput, _)| (!input.item_first && !dropped).then_some(&*input.query)).collect();
+        let items = BatchItems::new(&inputs);
+        let shapes = items.shapes(&inputs, &wanted_queries);
         let budget = self.pass_budget();
         let passes = plan_passes(&shapes, budget);
         // The queries' last chunks run in the first item pass where it has room for them: every
@@ -297,127 +312,105 @@ impl<B: ScoringBackend> Scorer<B> {
             let passes_with_tails = plan_passes(&shapes, with_tails(tail_tokens));
             passes_with_tails.len() == passes.len() && passes_with_tails.iter().all(|pass| padded_tokens(&shapes, pass) + tail_tokens <= budget.max_tokens)
         };
-        let mut queries = prefill_queries(&self.model, &mut self.prefix_cache, &self.stats, &wanted_queries, self.options.pass_budget.max_tokens, &tails_fit);
+        let queries = prefill_queries(&self.model, &mut self.prefix_cache, &self.stats, &wanted_queries, self.options.pass_budget.max_tokens, &tails_fit);
         let tail_tokens = queries.queries.tail_tokens();
         let passes = if tail_tokens == 0 { passes } else { plan_passes(&shapes, with_tails(tail_tokens)) };
-        let query_of: Vec<usize> = queries.of_request.iter().map(|&(query, _)| query).collect();
+        let (query_of, cache_uses) = queries.of_request.iter().copied().unzip();
+        let scores = inputs.iter().map(|input| vec![Vec::new(); input.borrow().items.len()]).collect();
+        BatchRun { inputs, items, queries: Some(queries), query_of, cache_uses, passes: passes.into_iter(), unread: VecDeque::new(), scores, dropped }
+    }
 
-        let mut scores: Vec<Vec<Vec<f64>>> = inputs.iter().map(|input| vec![Vec::new(); input.items.len()]).collect();
-        for mut pass in passes {
-            for (r, dropped) in dropped.iter_mut().enumerate() {
-                *dropped = *dropped || !wanted(r);
-            }
-            pass.retain(|&e| !dropped[items.entries[e].0]);
+    /// Issues `run`'s next pass (the batch's query tails first, if any are left), asking
+    /// `wanted(r)` first: a pass left with no wanted item is skipped. The pass's label values
+    /// start on their way to the host ([`ScoringBackend::start_read`]), so the next pass can be
+    /// issued before they are read. False when every pass has been issued.
+    pub fn issue_pass<I: Borrow<ScoreInput>>(&mut self, run: &mut BatchRun<B, I>, wanted: &dyn Fn(usize) -> bool) -> bool {
+        for (r, dropped) in run.dropped.iter_mut().enumerate() {
+            *dropped = *dropped || !wanted(r);
+        }
+        let issued = loop {
+            let Some(mut pass) = run.passes.next() else { break false };
+            pass.retain(|&e| !run.dropped[run.items.entries[e].0]);
             if pass.is_empty() {
                 continue;
             }
             self.stats.pass_items.observe(pass.len() as f64);
-            for (entry, row) in self.score_pass(&mut queries.queries, &query_of, inputs, &items, pass).await? {
-                let (r, i) = items.entries[entry];
-                scores[r][i] = row;
-            }
+            let queries = run.queries.as_mut().expect("the queries are kept until the last pass is issued");
+            let read = self.issue(&mut queries.queries, &run.query_of, &run.inputs, &run.items, pass);
             queries.cache_run_tails(&mut self.prefix_cache, &self.stats);
+            run.unread.push_back(read);
+            break true;
+        };
+        if run.passes.len() == 0 {
+            // The prefix K/V of every pass is on the device's queue; what the cache keeps of it stays.
+            run.queries = None;
         }
-        self.count_batch(inputs, &dropped);
-        let cache_uses = queries.of_request.iter().map(|&(_, cache_use)| cache_use);
-        Ok(scores.into_iter().zip(cache_uses).zip(dropped).map(|((scores, prefix_cache), dropped)| (!dropped).then_some(Scored { scores, prefix_cache })).collect())
+        issued
     }
 
-    /// One forward pass over `pass` (entries of `items`), the batch's query tails first if any
-    /// are left: each item's label probabilities, by entry. Request `r` reads query
+    /// Waits for the oldest pass of `run` issued and not read, and keeps its items' scores.
+    /// False when no pass is left unread.
+    pub async fn read_pass<I: Borrow<ScoreInput>>(&self, run: &mut BatchRun<B, I>) -> Result<bool, EngineError> {
+        let Some(pass) = run.unread.pop_front() else { return Ok(false) };
+        let waiting = Instant::now();
+        let data = pass.values.await?.convert::<f32>();
+        self.stats.pass_wait_seconds.observe(waiting.elapsed().as_secs_f64());
+        let values = data.as_slice::<f32>().map_err(|error| DeviceReadError(format!("{error:?}")))?;
+        run.keep_scores(&pass.rows, values, pass.width);
+        Ok(true)
+    }
+
+    /// [`Self::read_pass`] where the host can wait for the device (not the browser).
+    pub fn read_pass_blocking<I: Borrow<ScoreInput>>(&self, run: &mut BatchRun<B, I>) -> Result<bool, EngineError> {
+        burn::tensor::try_read_sync(self.read_pass(run)).unwrap_or_else(|| Err(cannot_block()))
+    }
+
+    /// The answers of a batch whose passes have all been issued and read (`None`: a request
+    /// dropped on the way), and the batch in the engine's counters.
+    pub fn finish_batch<I: Borrow<ScoreInput>>(&self, run: BatchRun<B, I>) -> Vec<Option<Scored>> {
+        assert!(run.passes.len() == 0 && run.unread.is_empty(), "a batch finishes once its passes are issued and read");
+        self.count_batch(&run.inputs, &run.dropped);
+        run.scores.into_iter().zip(run.cache_uses).zip(run.dropped).map(|((scores, prefix_cache), dropped)| (!dropped).then_some(Scored { scores, prefix_cache })).collect()
+    }
+
+    /// Issues one forward pass over `pass` (entries of `items`), the batch's query tails first
+    /// if any are left, and starts reading its label values. Request `r` reads query
     /// `query_of[r]` of `queries`.
-    async fn score_pass(&self, queries: &mut QueryBatch<B>, query_of: &[usize], inputs: &[&ScoreInput], items: &BatchItems<'_>, mut pass: Vec<usize>) -> Result<Vec<(usize, Vec<f64>)>, EngineError> {
+    fn issue<I: Borrow<ScoreInput>>(&self, queries: &mut QueryBatch<B>, query_of: &[usize], inputs: &[I], items: &BatchItems, mut pass: Vec<usize>) -> PassRead {
         // Items of one request must be adjacent: they form one prefix group.
         pass.sort_by_key(|&e| items.entries[e].0);
         let runs: Vec<&[usize]> = pass.chunk_by(|&a, &b| items.entries[a].0 == items.entries[b].0).collect();
         let request_of = |run: &[usize]| items.entries[run[0]].0;
+        let input_of = |run: &[usize]| inputs[request_of(run)].borrow();
         let groups: Vec<ItemGroup> = runs
             .iter()
-            .map(|run| ItemGroup { query: query_of[request_of(run)], items: run.iter().map(|&e| &*items.sequences[request_of(run)][items.entries[e].1]).collect() })
+            .map(|run| ItemGroup { query: query_of[request_of(run)], items: run.iter().map(|&e| items.sequence(inputs, items.entries[e].0, items.entries[e].1)).collect() })
             .collect();
         let started = Instant::now();
         let hidden = self.model.last_hidden(queries, &groups);
-        let row_labels: Vec<&[u32]> = runs.iter().flat_map(|run| std::iter::repeat_n(&*inputs[request_of(run)].labels, run.len())).collect();
+        let row_labels: Vec<&[u32]> = runs.iter().flat_map(|run| std::iter::repeat_n(&*input_of(run).labels, run.len())).collect();
         let labels = LabelTable::new(&row_labels);
         // One sweep over the vocabulary serves every row of the pass: rows that want only a
         // softmax over their labels get it from log-probabilities just as well (the normalizer
         // cancels).
-        let full_vocab = runs.iter().any(|run| !inputs[request_of(run)].apply_softmax);
+        let full_vocab = runs.iter().any(|run| !input_of(run).apply_softmax);
         let values = if full_vocab { self.model.label_logprobs(hidden, &labels) } else { self.model.label_logits(hidden, &labels) };
-        let issued = Instant::now();
-        let values = to_host(values).await?;
-        self.stats.pass_issue_seconds.observe((issued - started).as_secs_f64());
-        self.stats.pass_wait_seconds.observe(issued.elapsed().as_secs_f64());
-        let mut rows = values.chunks_exact(labels.width());
-        let mut scored = Vec::with_capacity(pass.len());
-        for run in runs {
-            let input = inputs[request_of(run)];
-            for &e in run {
-                let row = &rows.next().expect("one row per item")[..input.labels.len()];
-                scored.push((e, if input.apply_softmax { softmax(row) } else { row.iter().map(|v| v.exp()).collect() }));
-            }
-        }
-        Ok(scored)
+        let values = B::start_read(values);
+        self.stats.pass_issue_seconds.observe(started.elapsed().as_secs_f64());
+        let rows = runs.concat();
+        PassRead { values, rows, width: labels.width() }
     }
 
     /// The batch in the engine's counters: its size, what was scored, what was abandoned.
-    fn count_batch(&self, inputs: &[&ScoreInput], dropped: &[bool]) {
+    fn count_batch(&self, inputs: &[impl Borrow<ScoreInput>], dropped: &[bool]) {
         self.stats.batch_requests.observe(inputs.len() as f64);
-        let kept = || inputs.iter().zip(dropped).filter(|(_, &dropped)| !dropped).map(|(input, _)| input);
+        let kept = || inputs.iter().map(Borrow::borrow).zip(dropped).filter(|(_, &dropped)| !dropped).map(|(input, _): (&ScoreInput, _)| input);
         self.stats.items_scored.fetch_add(kept().map(|i| i.items.len() as u64).sum(), Relaxed);
         self.stats.tokens_scored.fetch_add(kept().map(|i| i.prompt_tokens() as u64).sum(), Relaxed);
         self.stats.requests_abandoned.fetch_add(dropped.iter().filter(|&&d| d).count() as u64, Relaxed);
     }
 }
 
-/// Every item of a batch as the passes see it.
-struct BatchItems<'a> {
-    /// `sequences[r][i]`: the tokens item `i` of request `r` runs (`item + query` with
-    /// `item_first`, where nothing can be shared and the prefix is empty).
-    sequences: Vec<Vec<Cow<'a, [u32]>>>,
-    /// (request, item) of every item of the batch: the planner's entries.
-    entries: Vec<(usize, usize)>,
-}
-
-impl<'a> BatchItems<'a> {
-    fn new(inputs: &[&'a ScoreInput]) -> Self {
-        let sequences: Vec<Vec<Cow<[u32]>>> = inputs
-            .iter()
-            .map(|input| {
-                input
-                    .items
-                    .iter()
-                    .map(|item| if input.item_first { Cow::Owned([item.as_slice(), &input.query].concat()) } else { Cow::Borrowed(item.as_slice()) })
-                    .collect()
-            })
-            .collect();
-        let entries = sequences.iter().enumerate().flat_map(|(r, items)| (0..items.len()).map(move |i| (r, i))).collect();
-        BatchItems { sequences, entries }
-    }
-
-    /// What the pass planner needs of each entry; `queries[r]`: the query request `r`'s items
-    /// attend to (`None`: none).
-    fn shapes(&self, inputs: &[&ScoreInput], queries: &[Option<&[u32]>]) -> Vec<ItemShape> {
-        self.entries
-            .iter()
-            .map(|&(r, i)| ItemShape { prefix_len: queries[r].map_or(0, <[u32]>::len), len: self.sequences[r][i].len(), group: r, labels: inputs[r].labels.len() })
-            .collect()
-    }
-}
-
 fn cannot_block() -> EngineError {
-    EngineError::Device("this platform cannot wait for the device synchronously: use the async API".into())
-}
-
-fn softmax(logits: &[f64]) -> Vec<f64> {
-    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let exps: Vec<f64> = logits.iter().map(|&l| (l - max).exp()).collect();
-    let sum: f64 = exps.iter().sum();
-    exps.into_iter().map(|e| e / sum).collect()
-}
-
-async fn to_host<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Result<Vec<f64>, EngineError> {
-    let data = tensor.into_data_async().await.map_err(|e| EngineError::Device(format!("{e:?}")))?.convert::<f32>();
-    let values = data.to_vec::<f32>().map_err(|e| EngineError::Device(format!("{e:?}")))?;
-    Ok(values.into_iter().map(f64::from).collect())
+    DeviceReadError("this platform cannot wait for the device synchronously: use the async API".into()).into()
 }

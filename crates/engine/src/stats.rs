@@ -47,7 +47,8 @@ const SECONDS_BUCKETS: &[f64] = &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
 pub struct EngineStats {
     /// Requests waiting for the model.
     pub queue_depth: AtomicI64,
-    /// Requests in the batch the model is scoring now.
+    /// Requests in the batches the model is scoring now (two while the next batch is issued
+    /// behind the last).
     pub requests_running: AtomicI64,
     pub items_scored: AtomicU64,
     pub tokens_scored: AtomicU64,
@@ -65,6 +66,9 @@ pub struct EngineStats {
     pub prefill_passes: AtomicU64,
     /// Requests dropped unscored or part-scored because their client left or their deadline passed.
     pub requests_abandoned: AtomicU64,
+    /// Batches whose first pass was issued while the batch before was still on the device: the
+    /// host's work between batches overlapped with the device's (the scheduler's `overlap`).
+    pub batches_issued_ahead: AtomicU64,
     /// Requests scored together in one batch.
     pub batch_requests: Histogram,
     /// Items in one forward pass.
@@ -72,9 +76,10 @@ pub struct EngineStats {
     /// Seconds the model thread spent issuing one forward pass (building it, and launching
     /// what the backend launches before the pass's scores are asked for).
     pub pass_issue_seconds: Histogram,
-    /// Seconds from asking for one pass's scores to having them on the host: the device's time
-    /// on the pass that issuing did not overlap, any launches left, and the copy back. Against
-    /// [`Self::pass_issue_seconds`] it says whether a batch waits on the host or on the device.
+    /// Seconds the model thread waited for one pass's scores once it asked for them: the
+    /// device's time on that pass (and on what was queued before it) that the host's work since
+    /// issuing it did not cover, and the copy back. Against [`Self::pass_issue_seconds`] it says
+    /// whether the model thread waits on the device or the device on the host.
     pub pass_wait_seconds: Histogram,
 }
 
@@ -105,6 +110,7 @@ impl Default for EngineStats {
             prefill_tokens: AtomicU64::new(0),
             prefill_passes: AtomicU64::new(0),
             requests_abandoned: AtomicU64::new(0),
+            batches_issued_ahead: AtomicU64::new(0),
             batch_requests: Histogram::new(SIZE_BUCKETS),
             pass_items: Histogram::new(SIZE_BUCKETS),
             pass_issue_seconds: Histogram::new(SECONDS_BUCKETS),

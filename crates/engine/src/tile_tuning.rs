@@ -8,7 +8,7 @@
 //! compiles a kernel; CubeCL caches them) and a fraction of a second after.
 
 use burn::tensor::{Distribution, ElementConversion, Tensor};
-use tally_model::{AttentionRoute, ItemLayout, PrefixKv, Routes, ScoringBackend, TileShape};
+use tally_model::{AttentionRoute, DeviceReadError, ItemLayout, PrefixKv, Routes, ScoringBackend, TileShape};
 
 use crate::scorer::EngineError;
 use crate::timing::median_seconds_back_to_back;
@@ -102,7 +102,7 @@ pub(crate) fn tune<B: ScoringBackend>(candidates: &[TileShape], routes: Routes, 
     let item_lens = vec![s.item_tokens; s.items];
     let layout = ItemLayout::new([(s.query_tokens, item_lens.as_slice())]);
     let group = s.q_heads / s.kv_heads;
-    let wait = || B::sync(device).map_err(|e| EngineError::Device(format!("{e:?}")));
+    let wait = || B::sync(device).map_err(|e| EngineError::from(DeviceReadError(format!("{e:?}"))));
 
     let mut timed: Vec<TileTiming> = Vec::new();
     let mut left_out = Vec::new();

@@ -85,13 +85,14 @@ pub async fn render(State(state): State<Arc<AppState>>) -> impl IntoResponse {
         ("tally_prefix_cache_misses_total", "Queries prefilled from scratch.", engine.prefix_cache_misses.load(Relaxed)),
         ("tally_prefill_tokens_total", "Query tokens prefilled (not found in the prefix cache).", engine.prefill_tokens.load(Relaxed)),
         ("tally_prefill_passes_total", "Forward passes run for queries alone (a query's last chunk runs in the item pass).", engine.prefill_passes.load(Relaxed)),
+        ("tally_batches_issued_ahead_total", "Batches whose first pass was issued while the batch before was still on the device.", engine.batches_issued_ahead.load(Relaxed)),
     ];
     for (name, help, value) in counters {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
     }
     let picker_gauges = [
         ("tally_requests_waiting", "Requests waiting for the model.", engine.queue_depth.load(Relaxed) as f64),
-        ("tally_requests_running", "Requests in the batch the model is scoring.", engine.requests_running.load(Relaxed) as f64),
+        ("tally_requests_running", "Requests in the batches the model is scoring.", engine.requests_running.load(Relaxed) as f64),
         ("tally_prefix_cache_usage", "Prefix cache bytes held, as a fraction (0 to 1) of --prefix-cache-mib.", engine.prefix_cache_usage()),
     ];
     let gauges = picker_gauges.iter().copied().chain([("tally_prefix_cache_bytes", "Device bytes held by the prefix cache.", engine.prefix_cache_bytes.load(Relaxed) as f64)]);
@@ -111,7 +112,7 @@ pub async fn render(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     write_histogram(&mut out, "tally_pass_items", "", &engine.pass_items);
     out += "# HELP tally_pass_issue_seconds Model-thread time issuing one forward pass.\n# TYPE tally_pass_issue_seconds histogram\n";
     write_histogram(&mut out, "tally_pass_issue_seconds", "", &engine.pass_issue_seconds);
-    out += "# HELP tally_pass_wait_seconds Time from asking for one forward pass's scores to having them.\n# TYPE tally_pass_wait_seconds histogram\n";
+    out += "# HELP tally_pass_wait_seconds Model-thread time waiting for one forward pass's scores once it asks for them.\n# TYPE tally_pass_wait_seconds histogram\n";
     write_histogram(&mut out, "tally_pass_wait_seconds", "", &engine.pass_wait_seconds);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }
