@@ -17,7 +17,8 @@
 # TALLY_SUITE_NCU_VARIANT profiles one flash variant there instead of the defaults;
 # TALLY_SUITE_FIXTURE_DTYPES overrides TALLY_SUITE_DTYPES for the fixtures stage;
 # TALLY_SUITE_SCENARIO_EXTRAS and TALLY_SUITE_ATTENTION_EXTRAS narrow the scenario and
-# attention stages' comparisons (see there).
+# attention stages' comparisons (see there); TALLY_SUITE_LOAD_EXTRAS=no-overlap adds one to the
+# load stage.
 # A stage that fails is recorded and the suite goes on; the exit status counts the failures.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -436,37 +437,53 @@ peers_stage() {
 }
 
 # SGLang PR 9748's load shape: 300-token queries, 10 items of 20 tokens, Poisson arrivals, at
-# rising rates; the items/s that keep P99 under 500 ms is the number.
+# rising rates; the items/s that keep P99 under 500 ms is the number. TALLY_SUITE_LOAD_EXTRAS:
+# `no-overlap` runs the top rate again on a server that reads each pass before it issues the next
+# (`--no-overlap`; the default issues the next batch behind the last), ~30 s more.
 load_stage() {
     make_model || return 1
-    local port=18123 ok=0
+    local ok=0 top=${load_levels##* }
     # Connections up to 4,096 (512 by default): at 2,000 qps and ~1 s a request the server, not
     # its connection cap, sets the rate; a connection is a file descriptor on both sides.
     [ "$(ulimit -n)" = unlimited ] || [ "$(ulimit -n)" -ge 8192 ] || ulimit -n 8192 2>/dev/null || echo "load: cannot raise the open-file limit to 8192 (it stays $(ulimit -n))"
-    "$cuda" serve --model $model --backend $gpu --dtype $load_dtype $(matmul_flags ${matmuls%% *}) --port $port --max-queue 100000 --max-connections 4096 >"$out/serve.log" 2>&1 &
+    load_at "" "$load_levels" || ok=1
+    if listed no-overlap "${TALLY_SUITE_LOAD_EXTRAS-}"; then
+        load_at -no-overlap "$top" --no-overlap || ok=1
+    fi
+    return $ok
+}
+
+# One server (flags after the first two words, which its results record) under `bench load` at
+# each rate of RATES, its results named load-qpsN$SUFFIX.
+load_at() {
+    local suffix=$1 rates=$2 port=18123 ok=0 label=()
+    shift 2
+    [ $# = 0 ] || label=(--server-label "$*")
+    "$cuda" serve --model $model --backend $gpu --dtype $load_dtype $(matmul_flags ${matmuls%% *}) --port $port --max-queue 100000 --max-connections 4096 "$@" >"$out/serve$suffix.log" 2>&1 &
     local server=$!
     # The server listens once its warm-up (every pass shape compiled and tuned) is done.
     for _ in $(seq 1200); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
-    curl -sf localhost:$port/health >/dev/null || { echo "load: the server did not come up (serve.log)"; ok=1; }
-    grep -h "warmed up in" "$out/serve.log"
-    local before=$bin/load-warmed.metrics
+    curl -sf localhost:$port/health >/dev/null || { echo "load: the server did not come up (serve$suffix.log)"; ok=1; }
+    grep -h "warmed up in" "$out/serve$suffix.log"
+    local before=$bin/load-warmed$suffix.metrics
     curl -sf localhost:$port/metrics >"$before"
-    for qps in $load_levels; do
-        "$cuda" bench load --url http://127.0.0.1:$port --qps $qps --duration $load_seconds --prompt-tokens 300 --items-per-request 10 --item-tokens 20 --out "$out/load-qps$qps.json" || ok=1
+    for qps in $rates; do
+        "$cuda" bench load --url http://127.0.0.1:$port --qps $qps --duration $load_seconds --prompt-tokens 300 --items-per-request 10 --item-tokens 20 "${label[@]}" --out "$out/load-qps$qps$suffix.json" || ok=1
         # The server's counters after each rate (cumulative): requests a batch, prefill passes
         # (one pass a batch should leave it flat), items a pass, the prefix cache, and the model
         # thread's time issuing a pass against its wait for the scores.
-        curl -sf localhost:$port/metrics >"$out/load-qps$qps.metrics" || echo "load: no /metrics after $qps qps"
-        pass_times "$before" "$out/load-qps$qps.metrics" "$qps qps"
-        before=$out/load-qps$qps.metrics
+        curl -sf localhost:$port/metrics >"$out/load-qps$qps$suffix.metrics" || echo "load: no /metrics after $qps qps"
+        pass_times "$before" "$out/load-qps$qps$suffix.metrics" "$qps qps$suffix"
+        before=$out/load-qps$qps$suffix.metrics
     done
     kill -TERM $server; wait $server || ok=1
     return $ok
 }
 
-# The passes between two /metrics scrapes (BEFORE AFTER LABEL): how many, and the model thread's
-# mean time issuing one against its mean wait for a pass's scores (host-bound if issuing is the
-# larger, device-bound if waiting is).
+# The passes between two /metrics scrapes (BEFORE AFTER LABEL): how many, the model thread's
+# mean time issuing one against its mean wait for a pass's scores (device-bound if waiting is
+# the larger; a wait near zero with batches issued ahead: the host keeps the device fed just in
+# time, or not), and how many batches were issued behind the last, still on the device.
 pass_times() {
     python3 - "$@" <<'PY'
 import sys
@@ -478,7 +495,7 @@ def counters(path):
         return values
     for line in lines:
         name, _, value = line.strip().rpartition(" ")
-        if name.startswith("tally_pass_") and name.endswith(("_sum", "_count")):
+        if name.startswith(("tally_pass_", "tally_batch_requests_count", "tally_batches_issued_ahead_total")) and name.endswith(("_sum", "_count", "_total")):
             values[name] = float(value)
     return values
 before, after = counters(sys.argv[1]), counters(sys.argv[2])
@@ -486,7 +503,8 @@ delta = lambda name: after.get(name, 0.0) - before.get(name, 0.0)
 passes = delta("tally_pass_issue_seconds_count")
 if passes:
     issue, wait = (1e3 * delta(f"tally_pass_{kind}_seconds_sum") / passes for kind in ("issue", "wait"))
-    print(f"load {sys.argv[3]}: {passes:.0f} passes, {issue:.1f} ms issuing and {wait:.1f} ms waiting a pass (means)")
+    batches, ahead = delta("tally_batch_requests_count"), delta("tally_batches_issued_ahead_total")
+    print(f"load {sys.argv[3]}: {passes:.0f} passes, {issue:.1f} ms issuing and {wait:.1f} ms waiting a pass (means); {ahead:.0f} of {batches:.0f} batches issued ahead")
 else:
     print(f"load {sys.argv[3]}: no passes counted")
 PY

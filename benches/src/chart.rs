@@ -187,8 +187,18 @@ fn draw_load(area: &Area, load: &[LoadPoint]) -> Result<()> {
         .y_label_area_size(70)
         .build_cartesian_2d(0.0..most_items, (lowest / 2.0..highest * 2.0).log_scale())?;
     chart.configure_mesh().y_labels(6).x_desc("items/s sustained").y_desc("P99 latency, ms (log)").x_label_formatter(&count_label).y_label_formatter(&count_label).draw()?;
-    chart.draw_series(LineSeries::new(load.iter().map(|p| (p.items_per_second, p.p99_ms)), TALLY.stroke_width(2)))?;
-    chart.draw_series(load.iter().map(|p| Circle::new((p.items_per_second, p.p99_ms), 5, TALLY.filled())))?;
+    // The server's defaults make the curve; a run on other flags is a cross beside it, named.
+    let defaults = || load.iter().filter(|p| p.server_label.is_none());
+    chart.draw_series(LineSeries::new(defaults().map(|p| (p.items_per_second, p.p99_ms)), TALLY.stroke_width(2)))?;
+    chart.draw_series(defaults().map(|p| Circle::new((p.items_per_second, p.p99_ms), 5, TALLY.filled())))?;
+    for point in load {
+        if let Some(server_label) = &point.server_label {
+            let at = (point.items_per_second, point.p99_ms);
+            chart.draw_series(std::iter::once(Cross::new(at, 6, TALLY.stroke_width(2))))?;
+            let style = ("sans-serif", 14).into_font().color(&TALLY).pos(Pos::new(HPos::Left, VPos::Center));
+            chart.draw_series(std::iter::once(Text::new(format!("  {server_label}"), at, style)))?;
+        }
+    }
     chart.draw_series(std::iter::once(PathElement::new(vec![(0.0, LOAD_P99_BAR_MS), (most_items, LOAD_P99_BAR_MS)], GOAL.stroke_width(2))))?;
     let label = ("sans-serif", 14).into_font().color(&GOAL).pos(Pos::new(HPos::Left, VPos::Bottom));
     chart.draw_series(std::iter::once(Text::new("P99 500 ms", (most_items * 0.01, LOAD_P99_BAR_MS * 1.05), label)))?;

@@ -29,6 +29,10 @@ pub struct LoadArgs {
     /// Where to write the JSON summary.
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
+    /// What the server runs apart from its defaults (e.g. `--no-overlap`), recorded in the JSON:
+    /// the chart draws such runs beside the defaults' curve, not on it.
+    #[arg(long)]
+    pub server_label: Option<String>,
 }
 
 /// Idle connections the client keeps for reuse (ureq keeps 1 a host by default): as many as the
@@ -126,6 +130,7 @@ pub fn run(args: LoadArgs) -> Result<()> {
     let summary = json!({
         "benchmark": "load",
         "url": base,
+        "server_label": args.server_label,
         "qps": args.qps,
         "duration_s": args.duration,
         "items_per_request": shape.items_per_request,

@@ -52,6 +52,9 @@ pub struct AttentionBar {
 pub struct LoadPoint {
     pub items_per_second: f64,
     pub p99_ms: f64,
+    /// What the server ran apart from its defaults (`bench load --server-label`); `None`: the
+    /// defaults, whose points make the curve.
+    pub server_label: Option<String>,
 }
 
 /// One fixture run: every case of one route against its float64 reference.
@@ -148,7 +151,7 @@ impl Results {
             }
             Some("load") => {
                 if let (Some(rate), Some(p99)) = (result["items_per_second"].as_f64(), result["latency_ms"]["p99"].as_f64()) {
-                    self.load.push(LoadPoint { items_per_second: rate, p99_ms: p99 });
+                    self.load.push(LoadPoint { items_per_second: rate, p99_ms: p99, server_label: result["server_label"].as_str().map(str::to_owned) });
                 }
             }
             Some(name) if name.starts_with("PyTorch peers") => {
@@ -245,6 +248,7 @@ pub(crate) mod test_folders {
             ("peers-s1.json", json!({"benchmark": "PyTorch peers (HF transformers, SDPA)", "scenario": "s1", "dtype": "bfloat16", "peers": {"packed_mask": {"items_per_second": 2410.0}, "padded": {"items_per_second": 82.0}}})),
             ("load-qps300.json", json!({"benchmark": "load", "items_per_second": 3000.0, "latency_ms": {"p50": 90.0, "p99": 400.0}})),
             ("load-qps100.json", json!({"benchmark": "load", "items_per_second": 1000.0, "latency_ms": {"p50": 50.0, "p99": 120.0}})),
+            ("load-qps300-no-overlap.json", json!({"benchmark": "load", "server_label": "--no-overlap", "items_per_second": 2500.0, "latency_ms": {"p50": 90.0, "p99": 700.0}})),
             ("attention.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "64x16, 2 stages, ldmatrix", "multi_item_ms": 14.9, "flash_ms": 0.8, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
             ("fixtures-cuda-bfloat16-flash-cublas.json", json!({"backend": "cuda", "dtype": "bfloat16", "attention": "flash", "matmul": "cublas", "elementwise": "burn", "tolerance": 0.03, "cases": [{"case": "a", "reference_rel_error": 0.004, "single_reference_rel_error": 0.006, "ok": true}, {"case": "b", "reference_rel_error": 0.02, "single_reference_rel_error": 0.05, "ok": false}, {"case": "c", "error": "HTTP 500", "ok": false}], "failed": 2})),
             ("attention-tile.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "128x32, 2 stages, ldmatrix", "multi_item_ms": 14.9, "flash_ms": 0.6, "flash_tflops": 277.3, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
@@ -277,7 +281,8 @@ mod tests {
             ("flash bf16 64x16: flash, tensor cores, ldmatrix, 2 stages", 0.8),
             ("kernel bf16: kernel", 14.9),
         ]);
-        assert_eq!(results.load, vec![LoadPoint { items_per_second: 1000.0, p99_ms: 120.0 }, LoadPoint { items_per_second: 3000.0, p99_ms: 400.0 }]);
+        let point = |items_per_second, p99_ms, server_label: Option<&str>| LoadPoint { items_per_second, p99_ms, server_label: server_label.map(str::to_owned) };
+        assert_eq!(results.load, vec![point(1000.0, 120.0, None), point(2500.0, 700.0, Some("--no-overlap")), point(3000.0, 400.0, None)]);
         let scenarios: Vec<(&str, usize)> = results.by_scenario().into_iter().map(|(name, bars)| (name, bars.len())).collect();
         assert_eq!(scenarios, [("s1", 3), ("s2", 2)]);
         // A case that could not run counts against the passes, not in the worst error; a

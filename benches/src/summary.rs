@@ -46,9 +46,9 @@ pub fn table(results: &Results) -> String {
         out.push('\n');
     }
     if !results.load.is_empty() {
-        let _ = writeln!(out, "| bench load: items/s sustained | P99 ms (bar {LOAD_P99_BAR_MS}) |\n|---:|---:|");
+        let _ = writeln!(out, "| bench load: items/s sustained | P99 ms (bar {LOAD_P99_BAR_MS}) | server |\n|---:|---:|---|");
         for point in &results.load {
-            let _ = writeln!(out, "| {} | {:.0} |", thousands(point.items_per_second), point.p99_ms);
+            let _ = writeln!(out, "| {} | {:.0} | {} |", thousands(point.items_per_second), point.p99_ms, point.server_label.as_deref().unwrap_or("defaults"));
         }
         out.push('\n');
     }
@@ -94,7 +94,7 @@ mod tests {
         assert!(table.contains("| flash bf16 128x32: flash, tensor cores, ldmatrix, 2 stages | 0.600 | 277.3 |"), "{table}");
         assert!(table.contains("| kernel bf16: kernel | 14.900 | — |"), "{table}");
         assert!(table.contains("| cuda bf16 flash cublas burn | 1/3 ✗ | 5.0e-2 | 3e-2 |"), "{table}");
-        assert!(table.contains("| 1,000 | 120 |\n| 3,000 | 400 |"), "{table}");
+        assert!(table.contains("| 1,000 | 120 | defaults |\n| 2,500 | 700 | --no-overlap |\n| 3,000 | 400 | defaults |"), "{table}");
     }
 
     #[test]
