@@ -1,5 +1,5 @@
 //! `tally serve --backend wgpu` over real HTTP: the float64 fixtures through the CubeCL kernels
-//! (also on a flash tile the server timed and picked), and every label scored up to the
+//! (also on a flash tile the server timed and picked, and one an earlier start picked), and every label scored up to the
 //! server's maximum. On wgpu's default adapter (lavapipe in CI),
 //! under the GPU tests' harness (`common/gpu.rs`): ignored, visibly, where there is none.
 
@@ -112,20 +112,40 @@ fn a_request_of_s1s_shape_is_one_pass_on_the_attention_kernels() {
 }
 
 /// `--tile-tuning on` on wgpu: the server times the flash kernel's candidate tiles before it
-/// serves, logs each one's time and the tile it keeps, and answers as right as any tile.
+/// serves, logs each one's time and the tile it keeps, and answers as right as any tile; it
+/// keeps the pick under `$XDG_CACHE_HOME/tally/`, where a second start on the same model takes
+/// it untimed.
 fn a_server_that_tunes_its_flash_tile_answers_as_the_reference() {
     let cases = cases();
     let (model_name, model_cases) = cases_by_model(&cases).into_iter().next().expect("fixture cases");
-    let server = Server::start(model_name, &["--backend", "wgpu", "--attention", "flash", "--tile-tuning", "on", "--no-warmup", "--max-batch-tokens", "64"]);
-    let log = server.startup_log.join("\n");
-    let tuning = server.startup_log.iter().find(|line| line.contains("flash tile")).unwrap_or_else(|| panic!("no tile tuning in the log:\n{log}"));
+    let cache = tempfile::tempdir().unwrap();
+    let model_path = model(model_name);
+    let flags = ["--backend", "wgpu", "--attention", "flash", "--tile-tuning", "on", "--no-warmup", "--max-batch-tokens", "64"];
+    let start = || Server::start_with(model_path.to_str().unwrap(), &flags, &[("XDG_CACHE_HOME", cache.path())]);
+    let tuning_line = |server: &Server| {
+        let log = server.startup_log.join("\n");
+        server.startup_log.iter().find(|line| line.contains("flash tile")).cloned().unwrap_or_else(|| panic!("no tile tuning in the log:\n{log}"))
+    };
+    let server = start();
+    let tuning = tuning_line(&server);
     // wgpu's three candidates, each timed or left out with the reason.
     for candidate in ["64x16, 2 stages, ldmatrix", "64x16, 2 stages, ldmatrix, filled tiles", "32x32, 2 stages, ldmatrix"] {
         assert!(tuning.contains(&format!(" {candidate} ")), "{candidate} not in {tuning}");
     }
-    assert!(tuning.contains(" ms;"), "no times in {tuning}");
-    for case in model_cases {
+    assert!(tuning.contains(" ms;") && tuning.contains("timed in"), "no times in {tuning}");
+    for case in model_cases.iter().copied() {
         assert_close(&server.score(&case["request"]), &expected(case), 1e-3, &format!("wgpu, tuned flash tile, {model_name}"));
+    }
+    drop(server);
+    assert!(cache.path().join("tally/flash-tiles.json").is_file(), "the pick is kept");
+
+    let again = start();
+    let kept = tuning_line(&again);
+    assert!(kept.contains("kept in") && kept.contains("timed at an earlier start"), "the second start times again: {kept}");
+    let picked = |line: &str| line.split(" (one layer").next().and_then(|head| head.split("flash tile ").nth(1)).map(str::to_owned);
+    assert_eq!(picked(&kept), picked(&tuning), "the same tile");
+    for case in model_cases.iter().copied() {
+        assert_close(&again.score(&case["request"]), &expected(case), 1e-3, &format!("wgpu, kept flash tile, {model_name}"));
     }
 }
 

@@ -216,6 +216,8 @@ pub struct DeviceArgs {
     /// Whether `--attention flash` times its candidate tiles on the device at start-up (one
     /// layer at S1's shape on the model's heads) and runs the fastest: `auto` does on CUDA where
     /// no tile flag above is given; `on` also on wgpu; `off` runs the tile the flags describe.
+    /// A pick is kept for later starts on the same device, dtype, model shape and candidates
+    /// (`$XDG_CACHE_HOME/tally/flash-tiles.json`), which take it untimed; `retime` times again.
     #[arg(long, value_enum, default_value_t = TileTuning::Auto)]
     pub tile_tuning: TileTuning,
     /// Compile the CUDA kernels with single-precision denormals flushed to zero (NVRTC
@@ -256,6 +258,8 @@ pub enum TileTuning {
     On,
     /// The tile the flags describe, untimed.
     Off,
+    /// As `on`, timed even where an earlier start's pick is kept (the new pick is kept).
+    Retime,
 }
 
 /// How the tile kernels cut a pass's items into tiles (`tally_model::TilePacking`).
@@ -400,7 +404,7 @@ impl DeviceArgs {
         let flash_on_a_gpu = self.attention() == Attention::Flash && self.backend != BackendKind::Cpu;
         match self.tile_tuning {
             TileTuning::Off => false,
-            TileTuning::On => flash_on_a_gpu,
+            TileTuning::On | TileTuning::Retime => flash_on_a_gpu,
             TileTuning::Auto => flash_on_a_gpu && self.backend == BackendKind::Cuda && !tile_asked,
         }
     }

@@ -8,14 +8,16 @@ use tally_core::PassBudget;
 use tally_engine::{Scorer, ScorerOptions};
 use tally_model::ScoringBackend;
 
-use crate::backend::DeviceArgs;
+use crate::backend::{device_name, DeviceArgs, TileTuning};
+use crate::tile_picks::TilePicks;
 
 
 /// Loads `model` with a prefix cache of `prefix_cache_bytes`, the routes and weight form `flags`
 /// ask for, and passes of `max_batch_tokens` (`--max-batch-tokens`) or, if not given, as many as
 /// the device's free memory allows, else [`PassBudget::default`]'s; the cascade's score cells a
 /// pass may hold likewise from the device's memory where it tells; then, where the flags ask
-/// (`--tile-tuning`), the flash kernel's tile timed on the device ([`Scorer::tune_flash_tile`]).
+/// (`--tile-tuning`), the flash kernel's tile timed on the device ([`Scorer::tune_flash_tile`])
+/// or kept from an earlier start ([`TilePicks`]).
 pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_cache_bytes: usize, max_batch_tokens: Option<usize>, flags: &DeviceArgs) -> Result<Scorer<B>> {
     let routes = flags.routes();
     let options = ScorerOptions { prefix_cache_bytes, weights: flags.weights.into(), ..ScorerOptions::default() };
@@ -57,12 +59,37 @@ pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_c
         scorer.set_max_attention_cells(cells);
     }
     if flags.tunes_tile() {
-        let started = std::time::Instant::now();
-        if let Some(tuning) = scorer.tune_flash_tile(&flags.tile_candidates())? {
-            tracing::info!("timed in {:.1} s: {tuning}", started.elapsed().as_secs_f64());
-        }
+        pick_flash_tile(&mut scorer, flags)?;
     }
     Ok(scorer)
+}
+
+/// The flash tile an earlier start on this device, dtype, model shape and candidate list picked
+/// ([`TilePicks`]), else (or with `--tile-tuning retime`) the candidates timed now and the pick
+/// kept for later starts.
+fn pick_flash_tile<B: ScoringBackend>(scorer: &mut Scorer<B>, flags: &DeviceArgs) -> Result<()> {
+    let candidates = flags.tile_candidates();
+    let shape = scorer.flash_tuning_shape();
+    let key = TilePicks::key(&device_name(flags.backend), &format!("{:?}", flags.dtype), &shape, &candidates);
+    let mut picks = TilePicks::default_path().map(TilePicks::open);
+    let kept = picks.as_ref().filter(|_| flags.tile_tuning != TileTuning::Retime).and_then(|picks| picks.get(&key, shape, &candidates));
+    if let Some(tuning) = kept {
+        let described = tuning.to_string();
+        if scorer.adopt_flash_tile(tuning) {
+            tracing::info!("kept in {}: {described}", picks.as_ref().map_or_else(String::new, |picks| picks.path().display().to_string()));
+        }
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    let Some(tuning) = scorer.tune_flash_tile(&candidates)? else { return Ok(()) };
+    tracing::info!("timed in {:.1} s: {tuning}", started.elapsed().as_secs_f64());
+    if let Some(picks) = &mut picks {
+        // A pick not kept costs the next start a tuning, not this one its model.
+        if let Err(error) = picks.keep(key, &tuning, &candidates) {
+            tracing::warn!("the flash tile picked is not kept for later starts: {error:#}");
+        }
+    }
+    Ok(())
 }
 
 /// Hands the loader's freed heap back to the system. Loading parses the file's metadata and

@@ -117,23 +117,42 @@ impl<B: ScoringBackend> Scorer<B> {
     }
 
     /// Times `candidates` (the first the backend's default) for the flash route at S1's shape on
-    /// this model's heads and runs the fastest from now on ([`crate::tile_tuning`]); `None`
-    /// where the routes the backend runs are not the flash kernel's (the CPU runs its own
-    /// kernel for every route).
+    /// this model's heads ([`Self::flash_tuning_shape`]) and runs the fastest from now on
+    /// ([`crate::tile_tuning`]); `None` where the routes the backend runs are not the flash
+    /// kernel's (the CPU runs its own kernel for every route).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn tune_flash_tile(&mut self, candidates: &[TileShape]) -> Result<Option<TileTuning>, EngineError> {
         let routes = self.model.routes();
         if !matches!(routes.attention, AttentionRoute::Flash(_)) {
             return Ok(None);
         }
-        let config = self.model.config();
-        let shape = AttentionShape::s1(config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.max_position_embeddings, self.options.pass_budget.max_tokens);
-        let tuning = crate::tile_tuning::tune::<B>(candidates, routes, shape, &self.model.device())?;
-        if let Some(tuning) = &tuning {
-            self.model.set_routes(Routes { attention: AttentionRoute::Flash(tuning.picked), ..routes });
+        let tuning = crate::tile_tuning::tune::<B>(candidates, routes, self.flash_tuning_shape(), &self.model.device())?;
+        if let Some(tuning) = tuning.clone() {
+            self.adopt_flash_tile(tuning);
         }
-        self.tile_tuning.clone_from(&tuning);
         Ok(tuning)
+    }
+
+    /// Runs the tile `tuning` picked (one timed at an earlier start on this device and shape) and
+    /// reports it as [`Self::tile_tuning`]; false, and nothing changed, where the routes the
+    /// backend runs are not the flash kernel's.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn adopt_flash_tile(&mut self, tuning: TileTuning) -> bool {
+        let routes = self.model.routes();
+        if !matches!(routes.attention, AttentionRoute::Flash(_)) {
+            return false;
+        }
+        self.model.set_routes(Routes { attention: AttentionRoute::Flash(tuning.picked), ..routes });
+        self.tile_tuning = Some(tuning);
+        true
+    }
+
+    /// The one layer's attention [`Self::tune_flash_tile`] times: S1's pass on this model's
+    /// heads, within its positions and this scorer's pass budget.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn flash_tuning_shape(&self) -> AttentionShape {
+        let config = self.model.config();
+        AttentionShape::s1(config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.max_position_embeddings, self.options.pass_budget.max_tokens)
     }
 
     /// The last [`Self::tune_flash_tile`]'s timings and pick, if one ran.

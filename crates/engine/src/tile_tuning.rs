@@ -69,6 +69,8 @@ pub struct TileTuning {
     /// off the first candidate's.
     pub left_out: Vec<(TileShape, String)>,
     pub picked: TileShape,
+    /// Timed at an earlier start and kept (the server's kept picks), not now.
+    pub from_earlier_start: bool,
 }
 
 impl std::fmt::Display for TileTuning {
@@ -81,7 +83,7 @@ impl std::fmt::Display for TileTuning {
         for (tile, why) in &self.left_out {
             write!(f, " {tile} left out, {why};")?;
         }
-        f.write_str(")")
+        f.write_str(if self.from_earlier_start { " timed at an earlier start)" } else { ")" })
     }
 }
 
@@ -131,7 +133,7 @@ pub(crate) fn tune<B: ScoringBackend>(candidates: &[TileShape], routes: Routes, 
         timed.push(TileTiming { tile, launched, ms: seconds * 1e3 });
     }
     let picked = fastest(&timed).tile;
-    Ok(Some(TileTuning { shape, timed, left_out, picked }))
+    Ok(Some(TileTuning { shape, timed, left_out, picked, from_earlier_start: false }))
 }
 
 /// The fastest of `timed`, or the first where none beats it by more than [`MARGIN`].
