@@ -458,7 +458,7 @@ load_stage() {
 load_at() {
     local suffix=$1 rates=$2 port=18123 ok=0 label=()
     shift 2
-    [ $# = 0 ] || label=(--server-label "$*")
+    [ $# = 0 ] || label=("--server-label=$*")
     "$cuda" serve --model $model --backend $gpu --dtype $load_dtype $(matmul_flags ${matmuls%% *}) --port $port --max-queue 100000 --max-connections 4096 "$@" >"$out/serve$suffix.log" 2>&1 &
     local server=$!
     # The server listens once its warm-up (every pass shape compiled and tuned) is done.
