@@ -7,6 +7,7 @@ use anyhow::{ensure, Result};
 use clap::Args;
 use burn::tensor::{activation::softmax, backend::Backend, ElementConversion, Tensor, TensorData};
 use serde_json::{json, Value};
+use tally_engine::tile_tuning::s1;
 use tally_model::{AttentionRoute, ElementwiseRoute, ItemLayout, LabelRoute, PlannedAttention, PrefixKv, Routes, ScoringBackend, TileShape};
 
 use crate::rng::Rng;
@@ -16,11 +17,11 @@ use crate::RunsOn;
 /// Defaults: seed scenario 1 (2,020-token query, 500 items of 20 tokens), Qwen3-0.6B's heads.
 #[derive(Args)]
 pub struct AttentionArgs {
-    #[arg(long, default_value_t = 2020)]
+    #[arg(long, default_value_t = s1::QUERY_TOKENS)]
     pub prefix: usize,
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = s1::ITEMS)]
     pub items: usize,
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = s1::ITEM_TOKENS)]
     pub item_len: usize,
     #[arg(long, default_value_t = 16)]
     pub q_heads: usize,

@@ -9,7 +9,7 @@ use anyhow::{ensure, Result};
 use clap::Args;
 use serde_json::{json, Value};
 use tally_core::{Items, Query, ScoreRequest};
-use tally_engine::Scorer;
+use tally_engine::{tile_tuning::s1, Scorer};
 use tally_model::ScoringBackend;
 
 use crate::rng::Rng;
@@ -32,7 +32,7 @@ pub struct ScenarioArgs {
     /// Requests to run; the first is the cold one, the rest give the warm median.
     #[arg(long, default_value_t = 5)]
     pub requests: usize,
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = s1::ITEMS)]
     pub items: usize,
     /// Most padded item tokens per pass (default: as `tally serve` sizes them).
     #[arg(long)]
@@ -72,7 +72,7 @@ pub struct ProfiledRequestEdges<'a> {
 /// and returns the result.
 pub fn run<B: ScoringBackend>(args: &ScenarioArgs, mut scorer: Scorer<B>, runs_on: &RunsOn, edges: ProfiledRequestEdges) -> Result<Value> {
     let (static_tokens, suffix_tokens, item_tokens) = match args.scenario {
-    Scenario::S1 => (2000, 20, 20),
+    Scenario::S1 => (s1::STATIC_PREFIX_TOKENS, s1::SUFFIX_TOKENS, s1::ITEM_TOKENS),
     Scenario::S2 => (1900, 10, 10),
     };
     ensure!(args.requests > 0 && args.items > 0, "--requests and --items must be positive");

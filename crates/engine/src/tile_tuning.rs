@@ -13,10 +13,17 @@ use tally_model::{AttentionRoute, DeviceReadError, ItemLayout, PrefixKv, Routes,
 use crate::scorer::EngineError;
 use crate::timing::median_seconds_back_to_back;
 
-/// S1's query and item lengths, the GPU suite's headline pass.
-const QUERY_TOKENS: usize = 2020;
-const ITEM_TOKENS: usize = 20;
-const ITEMS: usize = 500;
+/// S1, the GPU suite's headline request, whose pass the tiles are timed at: a 2,000-token static
+/// prefix and a 20-token suffix, then 500 items of 20 tokens. `bench scenario` and `bench
+/// attention` take their S1 from here.
+pub mod s1 {
+    pub const STATIC_PREFIX_TOKENS: usize = 2000;
+    pub const SUFFIX_TOKENS: usize = 20;
+    pub const QUERY_TOKENS: usize = STATIC_PREFIX_TOKENS + SUFFIX_TOKENS;
+    pub const ITEMS: usize = 500;
+    pub const ITEM_TOKENS: usize = 20;
+}
+
 /// Runs issued back to back and waited for once, a group; groups a candidate (their median).
 const RUNS: usize = 5;
 const GROUPS: usize = 3;
@@ -42,9 +49,9 @@ impl AttentionShape {
     /// S1's pass on a model's heads, within its positions and a pass of `max_pass_tokens` item
     /// tokens.
     pub fn s1(q_heads: usize, kv_heads: usize, head_dim: usize, max_positions: usize, max_pass_tokens: usize) -> Self {
-        let item_tokens = ITEM_TOKENS.min(max_positions / 2).max(1);
-        let query_tokens = QUERY_TOKENS.min(max_positions.saturating_sub(item_tokens)).max(1);
-        let items = ITEMS.min(max_pass_tokens / item_tokens).max(1);
+        let item_tokens = s1::ITEM_TOKENS.min(max_positions / 2).max(1);
+        let query_tokens = s1::QUERY_TOKENS.min(max_positions.saturating_sub(item_tokens)).max(1);
+        let items = s1::ITEMS.min(max_pass_tokens / item_tokens).max(1);
         AttentionShape { query_tokens, items, item_tokens, q_heads, kv_heads, head_dim }
     }
 }
