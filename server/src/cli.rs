@@ -142,9 +142,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     pub max_queue: usize,
     /// Read each forward pass's scores before issuing the next (SGLang's
-    /// --disable-overlap-schedule). By default the next pass, or the next batch's first, is
-    /// issued while the device runs the last, so the host's work between them does not leave
-    /// the device idle.
+    /// --disable-overlap-schedule). By default on the GPU backends the next pass, or the next
+    /// batch's first, is issued while the device runs the last, so the host's work between them
+    /// does not leave the device idle (the CPU runs each op as it is issued: never overlapped).
     #[arg(long)]
     pub no_overlap: bool,
     /// Items per request before 413.

@@ -91,7 +91,8 @@ impl WithBackend for Startup {
             tracing::warn!("/v1/rerank is disabled: {reason}");
             reason.to_string()
         });
-        let scheduler = Scheduler::start(scorer, SchedulerOptions { max_queue: args.max_queue, max_batch_tokens, overlap: !args.no_overlap });
+        let overlap = !args.no_overlap && B::overlaps_issue_with_work();
+        let scheduler = Scheduler::start(scorer, SchedulerOptions { max_queue: args.max_queue, max_batch_tokens, overlap });
         let limits = ServerLimits {
             max_items: args.max_items_per_request,
             max_labels: args.max_labels_per_request,

@@ -2,10 +2,10 @@
 //! whatever has queued up since its last batch in shared forward passes (dynamic batching).
 //! The queue is bounded; a full queue is the caller's signal to shed load.
 //!
-//! With `overlap` (the default, as SGLang's overlap schedule) the worker issues the next
-//! batch's first pass, and each pass of a batch, before it reads the pass before: the host's
-//! work between passes (gathering, planning, prefill, launching, turning values into scores)
-//! runs while the device computes, instead of leaving it idle.
+//! With `overlap` (the server's default on the GPU backends, as SGLang's overlap schedule) the
+//! worker issues the next batch's first pass, and each pass of a batch, before it reads the pass
+//! before: the host's work between passes (gathering, planning, prefill, launching, turning
+//! values into scores) runs while the device computes, instead of leaving it idle.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -30,7 +30,9 @@ pub struct SchedulerOptions {
     /// takes at least one request.
     pub max_batch_tokens: usize,
     /// Issue the next pass (the next batch's first) before reading the last; off, each pass is
-    /// read before the next is issued.
+    /// read before the next is issued. Pays only where the backend queues its work
+    /// ([`ScoringBackend::overlaps_issue_with_work`]): elsewhere the next batch's first pass would
+    /// run before the last batch is answered.
     pub overlap: bool,
 }
 

@@ -70,6 +70,10 @@ where
         free_device_memory::<R>(device)
     }
 
+    fn overlaps_issue_with_work() -> bool {
+        true
+    }
+
     /// CubeCL queues the copy (and, on CUDA, an event after it) when the read is asked for;
     /// the future only waits for it.
     fn start_read<const D: usize>(tensor: Tensor<Self, D>) -> DeviceRead {
@@ -250,6 +254,15 @@ impl<B: ScoringBackend + FusionBackend> ScoringBackend for Fusion<B> {
 
     fn max_buffer_bytes(device: &B::Device) -> Option<u64> {
         B::max_buffer_bytes(device)
+    }
+
+    /// The tensor's queued operations flushed, then the inner backend's read, queued at once.
+    fn start_read<const D: usize>(tensor: Tensor<Self, D>) -> DeviceRead {
+        B::start_read(settle(tensor))
+    }
+
+    fn overlaps_issue_with_work() -> bool {
+        B::overlaps_issue_with_work()
     }
 
     fn add_rms_norm<const D: usize>(x: Tensor<Self, D>, delta: Option<Tensor<Self, D>>, gain: &Tensor<Self, 1>, eps: f64) -> (Tensor<Self, D>, Tensor<Self, D>) {

@@ -130,6 +130,14 @@ pub trait ScoringBackend: Matmul {
     fn start_read<const D: usize>(tensor: Tensor<Self, D>) -> DeviceRead {
         Box::pin(async move { tensor.into_data_async().await.map_err(|error| DeviceReadError(format!("{error:?}"))) })
     }
+
+    /// Whether issuing work returns before the work is done (a device's queue) and
+    /// [`Self::start_read`] queues its copy at once: then the host can build and issue the next
+    /// pass while the device runs the last. Default false: ops run as they are issued (the CPU),
+    /// where issuing the next batch first would only hold back the answers of the last.
+    fn overlaps_issue_with_work() -> bool {
+        false
+    }
 }
 
 /// Multi-item attention of one pass, as planned by [`ScoringBackend::plan_attention`].
