@@ -637,10 +637,12 @@ mod tests {
         ] {
             assert!(!asked.tunes_tile(), "{asked:?}");
             assert!(DeviceArgs { tile_tuning: TileTuning::On, ..asked }.tunes_tile(), "{asked:?}");
+            assert!(DeviceArgs { tile_tuning: TileTuning::Retime, ..asked }.tunes_tile(), "{asked:?}");
         }
         let wgpu = DeviceArgs { attention: Attention::Flash, ..auto(BackendKind::Wgpu) };
         assert!(!wgpu.tunes_tile());
         assert!(DeviceArgs { tile_tuning: TileTuning::On, ..wgpu }.tunes_tile());
+        assert!(!DeviceArgs { attention: Attention::Cascade, tile_tuning: TileTuning::Retime, ..wgpu }.tunes_tile(), "retime times the flash kernel's tiles only");
         assert!(!DeviceArgs { attention: Attention::Flash, tile_tuning: TileTuning::On, ..auto(BackendKind::Cpu) }.tunes_tile());
 
         let names: Vec<String> = cuda.tile_candidates().iter().map(ToString::to_string).collect();
