@@ -18,7 +18,7 @@ use tally_core::ScoreInput;
 use tokio::sync::oneshot;
 
 use crate::batch::BatchRun;
-use crate::scorer::{EngineError, Scored, Scorer};
+use crate::scorer::{block_on, EngineError, Scored, Scorer};
 use crate::stats::EngineStats;
 
 #[derive(Debug, Clone, Copy)]
@@ -199,22 +199,14 @@ fn start<B: ScoringBackend>(scorer: &mut Scorer<B>, batch: Vec<Job>, stats: &Eng
 /// unread.
 fn issue_the_rest<B: ScoringBackend>(scorer: &mut Scorer<B>, running: &mut Running<B>, ahead: usize) -> Result<(), ScheduleError> {
     let wanted = still_wanted(&running.waiting);
-    let run = &mut running.run;
-    guarded(|| loop {
-        while run.passes_unread() > ahead {
-            scorer.read_pass_blocking(run)?;
-        }
-        if !scorer.issue_pass(run, &wanted) {
-            return Ok(());
-        }
-    })
+    guarded(|| block_on(scorer.issue_passes(&mut running.run, &wanted, ahead)))
 }
 
 /// Reads what is left of `running` and answers its requests.
 fn finish<B: ScoringBackend>(scorer: &Scorer<B>, running: Running<B>, stats: &EngineStats) {
     let Running { mut run, waiting } = running;
     let scored = guarded(|| {
-        while scorer.read_pass_blocking(&mut run)? {}
+        block_on(scorer.read_unread(&mut run))?;
         Ok(scorer.finish_batch(run))
     });
     match scored {

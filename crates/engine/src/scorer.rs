@@ -122,10 +122,7 @@ impl<B: ScoringBackend> Scorer<B> {
     /// kernel's (the CPU runs its own kernel for every route).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn tune_flash_tile(&mut self, candidates: &[TileShape]) -> Result<Option<TileTuning>, EngineError> {
-        let routes = self.model.routes();
-        if !matches!(routes.attention, AttentionRoute::Flash(_)) {
-            return Ok(None);
-        }
+        let Some(routes) = self.flash_routes() else { return Ok(None) };
         let tuning = crate::tile_tuning::tune::<B>(candidates, routes, self.flash_tuning_shape(), &self.model.device())?;
         if let Some(tuning) = tuning.clone() {
             self.adopt_flash_tile(tuning);
@@ -138,13 +135,18 @@ impl<B: ScoringBackend> Scorer<B> {
     /// backend runs are not the flash kernel's.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn adopt_flash_tile(&mut self, tuning: TileTuning) -> bool {
-        let routes = self.model.routes();
-        if !matches!(routes.attention, AttentionRoute::Flash(_)) {
-            return false;
-        }
+        let Some(routes) = self.flash_routes() else { return false };
         self.model.set_routes(Routes { attention: AttentionRoute::Flash(tuning.picked), ..routes });
         self.tile_tuning = Some(tuning);
         true
+    }
+
+    /// The routes the backend runs, where attention is on the flash kernel's (the CPU runs its
+    /// own kernel for every route).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn flash_routes(&self) -> Option<Routes> {
+        let routes = self.model.routes();
+        matches!(routes.attention, AttentionRoute::Flash(_)).then_some(routes)
     }
 
     /// The one layer's attention [`Self::tune_flash_tile`] times: S1's pass on this model's
@@ -264,7 +266,7 @@ impl<B: ScoringBackend> Scorer<B> {
 
     /// Validates, tokenizes and scores one request.
     pub fn score(&mut self, request: &ScoreRequest) -> Result<ScoreResponse, EngineError> {
-        burn::tensor::try_read_sync(self.score_async(request)).unwrap_or_else(|| Err(cannot_block()))
+        block_on(self.score_async(request))
     }
 
     /// `scores[r][i][j]` for a batch of validated requests (see [`Self::begin_batch`]).
@@ -277,7 +279,7 @@ impl<B: ScoringBackend> Scorer<B> {
     /// nobody waits for any more (client gone, deadline passed) stops costing work and comes
     /// back `None`.
     pub fn score_batch_while(&mut self, inputs: &[&ScoreInput], wanted: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Scored>>, EngineError> {
-        burn::tensor::try_read_sync(self.score_batch_while_async(inputs, wanted)).unwrap_or_else(|| Err(cannot_block()))
+        block_on(self.score_batch_while_async(inputs, wanted))
     }
 
     /// Validates, tokenizes and scores one request, reading results back asynchronously: the
@@ -294,12 +296,8 @@ impl<B: ScoringBackend> Scorer<B> {
     /// each pass issued before the one before it is read.
     async fn score_batch_while_async(&mut self, inputs: &[&ScoreInput], wanted: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Scored>>, EngineError> {
         let mut run = self.begin_batch(inputs.to_vec(), wanted);
-        while self.issue_pass(&mut run, wanted) {
-            if run.passes_unread() > 1 {
-                self.read_pass(&mut run).await?;
-            }
-        }
-        while self.read_pass(&mut run).await? {}
+        self.issue_passes(&mut run, wanted, 1).await?;
+        self.read_unread(&mut run).await?;
         Ok(self.finish_batch(run))
     }
 
@@ -379,9 +377,24 @@ impl<B: ScoringBackend> Scorer<B> {
         Ok(true)
     }
 
-    /// [`Self::read_pass`] where the host can wait for the device (not the browser).
-    pub fn read_pass_blocking<I: Borrow<ScoreInput>>(&self, run: &mut BatchRun<B, I>) -> Result<bool, EngineError> {
-        burn::tensor::try_read_sync(self.read_pass(run)).unwrap_or_else(|| Err(cannot_block()))
+    /// Issues the rest of `run`'s passes ([`Self::issue_pass`]), each once at most `ahead`
+    /// passes issued before it are unread (the oldest read meanwhile): 1 keeps the next pass on
+    /// the device while the host reads the last; 0 reads each pass before issuing the next.
+    pub async fn issue_passes<I: Borrow<ScoreInput>>(&mut self, run: &mut BatchRun<B, I>, wanted: &dyn Fn(usize) -> bool, ahead: usize) -> Result<(), EngineError> {
+        loop {
+            while run.passes_unread() > ahead {
+                self.read_pass(run).await?;
+            }
+            if !self.issue_pass(run, wanted) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads every pass of `run` issued and not yet read ([`Self::read_pass`]).
+    pub async fn read_unread<I: Borrow<ScoreInput>>(&self, run: &mut BatchRun<B, I>) -> Result<(), EngineError> {
+        while self.read_pass(run).await? {}
+        Ok(())
     }
 
     /// The answers of a batch whose passes have all been issued and read (`None`: a request
@@ -430,6 +443,8 @@ impl<B: ScoringBackend> Scorer<B> {
     }
 }
 
-fn cannot_block() -> EngineError {
-    DeviceReadError("this platform cannot wait for the device synchronously: use the async API".into()).into()
+/// `scoring`'s outcome, waited for where the host can wait for the device (not the browser,
+/// which awaits the async API).
+pub(crate) fn block_on<T>(scoring: impl std::future::Future<Output = Result<T, EngineError>>) -> Result<T, EngineError> {
+    burn::tensor::try_read_sync(scoring).unwrap_or_else(|| Err(DeviceReadError("this platform cannot wait for the device synchronously: use the async API".into()).into()))
 }
