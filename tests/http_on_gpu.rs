@@ -1,6 +1,6 @@
 //! `tally serve --backend wgpu` over real HTTP: the float64 fixtures through the CubeCL kernels
-//! (also on a flash tile the server timed and picked, and one an earlier start picked), and every label scored up to the
-//! server's maximum. On wgpu's default adapter (lavapipe in CI),
+//! (also on a flash tile the server timed and picked, and on one an earlier start picked), and
+//! every label scored up to the server's maximum. On wgpu's default adapter (lavapipe in CI),
 //! under the GPU tests' harness (`common/gpu.rs`): ignored, visibly, where there is none.
 
 mod common;

@@ -72,11 +72,11 @@ fn pick_flash_tile<B: ScoringBackend>(scorer: &mut Scorer<B>, flags: &DeviceArgs
     let shape = scorer.flash_tuning_shape();
     let key = TilePicks::key(&device_name(flags.backend), &format!("{:?}", flags.dtype), &shape, &candidates);
     let mut picks = TilePicks::default_path().map(TilePicks::open);
-    let kept = picks.as_ref().filter(|_| flags.tile_tuning != TileTuning::Retime).and_then(|picks| picks.get(&key, shape, &candidates));
-    if let Some(tuning) = kept {
+    let kept = picks.as_ref().filter(|_| flags.tile_tuning != TileTuning::Retime).and_then(|picks| Some((picks.path(), picks.get(&key, shape, &candidates)?)));
+    if let Some((path, tuning)) = kept {
         let described = tuning.to_string();
         if scorer.adopt_flash_tile(tuning) {
-            tracing::info!("kept in {}: {described}", picks.as_ref().map_or_else(String::new, |picks| picks.path().display().to_string()));
+            tracing::info!("kept in {}: {described}", path.display());
         }
         return Ok(());
     }
