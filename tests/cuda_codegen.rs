@@ -54,7 +54,7 @@ use half::bf16;
 use kernel_cases::Case;
 use offline_cuda::{CudaSource, OfflineCuda};
 use tally_model::{AttentionRoute, ScoringBackend};
-use tally_shaders::{KvStaging, TileShape};
+use tally_shaders::{KvStaging, PrefixSplits, TileShape};
 
 /// Float type `F` on offline device `ID` (one a float type: see [`offline_cuda::OfflineDevice`]).
 type Offline<F, const ID: u16> = CubeBackend<OfflineCuda<ID>, F, i32, u8>;
@@ -170,7 +170,12 @@ fn attention_routes<F: FloatElement, const ID: u16>() {
         .map(|shape| shape.with_staging(KvStaging::CopyAsync))
         .flat_map(|shape| [Some(shape), shape.with_warp_rows(32)])
         .flatten();
-    let flash_variants = copy_async.chain(two_blocks).chain(three_stages).map(AttentionRoute::Flash);
+    // The prefix walk in parts (`--prefix-splits auto`: on the offline runtime's 132 SMs these
+    // cases' few tiles split), with the merge: CUDA's default tile, and `ahead`'s three stages.
+    let cuda_default = TileShape::new(128, 64).and_then(|shape| shape.with_staging(KvStaging::CopyAsync).with_warp_rows(32)).expect("a built shape");
+    let ahead = cuda_default.with_stages(3).and_then(|shape| shape.with_warp_rows(16)).expect("a built shape");
+    let split = [cuda_default, ahead].map(|shape| shape.with_splits(PrefixSplits::Auto));
+    let flash_variants = copy_async.chain(two_blocks).chain(three_stages).chain(split).map(AttentionRoute::Flash);
     let routes = [AttentionRoute::Kernel, AttentionRoute::Cascade].into_iter().chain(variants.iter().flat_map(|&shape| [AttentionRoute::Tiled(shape), AttentionRoute::Flash(shape)])).chain(flash_variants);
     for route in routes {
         for (seed, case) in cases.iter().enumerate() {

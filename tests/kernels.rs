@@ -18,7 +18,7 @@ use tally_model::lm_head::label_logprobs;
 use tally_model::weight::TokenTable;
 use tally_model::LabelTable;
 use tally_model::{AttentionRoute, Matmul, ScoringBackend};
-use tally_shaders::{AttentionKernel, KvStaging, StreamedLabelLogprobs, TilePacking, TileShape};
+use tally_shaders::{AttentionKernel, KvStaging, PrefixSplits, StreamedLabelLogprobs, TilePacking, TileShape};
 
 /// Every kernel (the tile kernels in registers: float32) against the CPU, the flash kernel with
 /// one, two and three key steps in flight.
@@ -235,6 +235,38 @@ fn attention_rescales_where_later_keys_pass_the_running_maximum() {
         AttentionKernel::Flash(TileShape::new(32, 32).expect("a built shape")),
     ] {
         assert_close(&case.kernel::<f32>(seed, kernel), &expected, 1e-4, &format!("{kernel:?} ({}), {}", case.launched::<f32>(kernel), case.name()));
+    }
+}
+
+fn attention_with_the_prefix_walk_cut_into_parts() {
+    // `--prefix-splits`: each tile's prefix walk over `parts` cubes, each part's rows written
+    // normalised with their log-sum-exp and merged. Parts of 129 steps (2,050 keys at 16 a
+    // step), of a few (37 and 130 keys), and past a short prefix's steps: a 1-token prefix in
+    // 5 parts leaves three parts with no key at all and the last with the own keys alone, an
+    // empty prefix (a query's own prefill) every part but the last. Rising keys: the later parts'
+    // rows sum from far larger maxima than the earlier ones', so the merge's weights differ by
+    // orders of magnitude. One, two and three stages.
+    let cases = [
+        Case { groups: vec![(1, vec![1, 17, 65, 2])], q_heads: 4, kv_heads: 4, head_dim: 16, ..Default::default() },
+        Case { groups: vec![(2050, vec![20, 7, 65, 1, 33])], q_heads: 8, kv_heads: 2, head_dim: 64, ..Default::default() },
+        Case { groups: vec![(130, vec![3, 150, 5]), (0, vec![5, 1]), (37, vec![64, 16, 17])], q_heads: 4, kv_heads: 2, head_dim: 16, ..Default::default() },
+        Case { groups: vec![(300, vec![20, 7, 1]), (40, vec![3])], q_heads: 4, kv_heads: 2, head_dim: 32, rising_keys: true },
+    ];
+    for (seed, case) in cases.into_iter().enumerate() {
+        let seed = 101 + seed as u64;
+        let expected = case.expected(seed);
+        for parts in [2, 5] {
+            for stages in [1, 2, 3] {
+                let shape = TileShape::default().with_stages(stages).expect("a built shape").with_splits(PrefixSplits::Parts(parts));
+                let kernel = AttentionKernel::Flash(shape);
+                let launched = case.launched::<f32>(kernel);
+                assert!(launched.ends_with(&format!("prefix in {parts} parts")), "{launched}");
+                assert_close(&case.kernel::<f32>(seed, kernel), &expected, 1e-4, &format!("{kernel:?} ({launched}), {}", case.name()));
+            }
+        }
+        // `auto` needs the device's SM count, which wgpu does not give: the walk stays whole.
+        let auto = AttentionKernel::Flash(TileShape::default().with_splits(PrefixSplits::Auto));
+        assert_close(&case.kernel::<f32>(seed, auto), &expected, 1e-4, &format!("{auto:?}, {}", case.name()));
     }
 }
 
@@ -917,6 +949,7 @@ fn main() {
         attention_reads_keys_and_values_where_the_qkv_projection_wrote_them,
         attention_on_filled_tiles_cuts_items_at_tile_edges,
         attention_rescales_where_later_keys_pass_the_running_maximum,
+        attention_with_the_prefix_walk_cut_into_parts,
         attention_through_the_fusion_backend_matches,
         add_rms_norm_matches_float64,
         norm_rope_matches_float64,

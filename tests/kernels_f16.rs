@@ -10,7 +10,7 @@ mod kernel_cases;
 use burn::tensor::{DType, Tensor};
 use kernel_cases::{assert_close, tensor, Case, Fused, Gpu, FRAGMENT_LOADS, KV_STAGINGS};
 use tally_model::AttentionRoute;
-use tally_shaders::{tensor_core_tiles, AttentionKernel, FragmentLoads, KvStaging, TilePacking, TileShape};
+use tally_shaders::{tensor_core_tiles, AttentionKernel, FragmentLoads, KvStaging, PrefixSplits, TilePacking, TileShape};
 
 fn attention_in_f16_accumulates_in_f32() {
     // f16 inputs and output, f32 inside: only the roundings of f16 remain.
@@ -77,7 +77,20 @@ fn attention_in_f16_reads_values_where_the_qkv_projection_wrote_them() {
     // Three stages with 16 rows a warp on filled tiles, as the GPU suite's `ahead` variant runs
     // them.
     let ahead = tile.with_stages(3).expect("a built shape").with_packing(TilePacking::Filled);
-    let kernels = [AttentionKernel::Rows, AttentionKernel::Flash(tile), AttentionKernel::Flash(cuda_default), AttentionKernel::Flash(cuda_default.with_packing(TilePacking::Filled)), AttentionKernel::Flash(split), AttentionKernel::Flash(ahead)];
+    // The prefix walk in parts (merged by log-sum-exp; the f16 outputs of each part are
+    // weighed in float32) on CUDA's default tile and on `ahead`'s: 130 keys in 3 steps of 64,
+    // four parts (the last with the own keys alone), and the empty prefix.
+    let parts = |shape: TileShape| shape.with_splits(PrefixSplits::Parts(4));
+    let kernels = [
+        AttentionKernel::Rows,
+        AttentionKernel::Flash(tile),
+        AttentionKernel::Flash(cuda_default),
+        AttentionKernel::Flash(cuda_default.with_packing(TilePacking::Filled)),
+        AttentionKernel::Flash(split),
+        AttentionKernel::Flash(ahead),
+        AttentionKernel::Flash(parts(cuda_default)),
+        AttentionKernel::Flash(parts(ahead)),
+    ];
     for padding in [0, 1, 2, 8] {
         for kernel in kernels {
             let (got, value_stride) = case.kernel_on_fused_rows::<half::f16>(61, kernel, padding);

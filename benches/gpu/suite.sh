@@ -158,8 +158,11 @@ fixtures_stage() {
 # defaults: 128x64, two stages, ldmatrix, cp.async, 32 rows a warp, denormals flushed).
 # TALLY_SUITE_ATTENTION_EXTRAS narrows the comparisons beside the variants (default all:
 # one-stage, cascade-softmax, cascade-scores, element-loads; each ~11 s on the H200, all four
-# measured on 2026-11-27, so a lease short of time can leave them out).
-attention_extras=${TALLY_SUITE_ATTENTION_EXTRAS-one-stage cascade-softmax cascade-scores element-loads}
+# measured on 2026-11-27, so a lease short of time can leave them out; and prefix-splits, since
+# session 49: S1's query with 10 and with 100 items, too few tiles to fill the GPU's cube slots,
+# the flash walk whole against `--prefix-splits auto`, which the wave count cuts in 8 and 4
+# parts on an H200).
+attention_extras=${TALLY_SUITE_ATTENTION_EXTRAS-one-stage cascade-softmax cascade-scores element-loads prefix-splits}
 attention_stage() {
     local ok=0 last=${gpu_dtypes##* }
     for dtype in $gpu_dtypes; do
@@ -181,6 +184,14 @@ attention_stage() {
         --out "$out/attention-$gpu-$last-cascade-model-scores.json" || ok=1; }
     listed element-loads "$attention_extras" && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --fragment-loads elements --routes tiled,flash \
         --out "$out/attention-$gpu-$last-element-loads.json" || ok=1; }
+    if listed prefix-splits "$attention_extras"; then
+        for few in 10 100; do
+            for splits in whole auto; do
+                "$cuda" bench attention --backend $gpu --dtype $last --items $few "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" --prefix-splits $splits --routes flash \
+                    --out "$out/attention-$gpu-$last-items$few-prefix-$splits.json" || ok=1
+            done
+        done
+    fi
     for variant in $flash_variants; do
         # `bench attention` never tunes: its default run is the untuned tile already.
         [ "${variant%%=*}" = untuned ] && continue

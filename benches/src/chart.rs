@@ -218,7 +218,7 @@ mod tests {
         let png = std::fs::read(&out).unwrap();
         assert_eq!(&png[1..4], b"PNG");
         let (width, height) = (u32::from_be_bytes(png[16..20].try_into().unwrap()), u32::from_be_bytes(png[20..24].try_into().unwrap()));
-        assert_eq!((width, height), (WIDTH, 50 + 110 + 3 * BAR_ROW_PX + ATTENTION_FRAME_PX + 3 * BAR_ROW_PX + LOAD_PANEL_PX), "S1 has three bars, attention three, and there are load results");
+        assert_eq!((width, height), (WIDTH, 50 + 110 + 3 * BAR_ROW_PX + ATTENTION_FRAME_PX + 4 * BAR_ROW_PX + LOAD_PANEL_PX), "S1 has three bars, attention four (one at 10 items), and there are load results");
     }
 
     #[test]

@@ -138,12 +138,14 @@ impl Results {
                 // stages). A route the same in several files (the row kernel and the cascade in
                 // every file of a dtype) is drawn once.
                 let size = text("tile").split(',').next().unwrap_or_default().to_owned();
+                // A shape other than S1's items is named: its time is no S1 layer's.
+                let items = result["shape"]["items"].as_u64().filter(|&items| items != tally_engine::tile_tuning::s1::ITEMS as u64).map_or(String::new(), |items| format!(", {items} items"));
                 for (route, key) in [("kernel", "multi_item"), ("tiled", "tiled"), ("flash", "flash"), ("cascade", "cascade")] {
                     let Some(ms) = result[format!("{key}_ms")].as_f64() else { continue };
                     let tflops = result[format!("{key}_tflops")].as_f64();
                     let launched = result["launched"][route].as_str().unwrap_or(route);
                     let tile = if matches!(route, "tiled" | "flash") { format!(" {size}") } else { String::new() };
-                    let label = format!("{route} {}{tile}{}: {launched}", short_dtype(&text("dtype")), flushed(result));
+                    let label = format!("{route} {}{tile}{items}{}: {launched}", short_dtype(&text("dtype")), flushed(result));
                     if !self.attention.iter().any(|bar| bar.label == label) {
                         self.attention.push(AttentionBar { label, ms, tflops });
                     }
@@ -251,6 +253,7 @@ pub(crate) mod test_folders {
             ("load-qps300-no-overlap.json", json!({"benchmark": "load", "server_label": "--no-overlap", "items_per_second": 2500.0, "latency_ms": {"p50": 90.0, "p99": 700.0}})),
             ("attention.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "64x16, 2 stages, ldmatrix", "multi_item_ms": 14.9, "flash_ms": 0.8, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
             ("fixtures-cuda-bfloat16-flash-cublas.json", json!({"backend": "cuda", "dtype": "bfloat16", "attention": "flash", "matmul": "cublas", "elementwise": "burn", "tolerance": 0.03, "cases": [{"case": "a", "reference_rel_error": 0.004, "single_reference_rel_error": 0.006, "ok": true}, {"case": "b", "reference_rel_error": 0.02, "single_reference_rel_error": 0.05, "ok": false}, {"case": "c", "error": "HTTP 500", "ok": false}], "failed": 2})),
+            ("attention-few-items.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "64x16, 2 stages, ldmatrix", "shape": {"items": 10}, "flash_ms": 0.05, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
             ("attention-tile.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "128x32, 2 stages, ldmatrix", "multi_item_ms": 14.9, "flash_ms": 0.6, "flash_tflops": 277.3, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
         ])
     }
@@ -277,6 +280,7 @@ mod tests {
         // The row kernel's time, the same in both files, once; each flash tile its own; fastest first.
         let attention: Vec<(&str, f64)> = results.attention.iter().map(|bar| (bar.label.as_str(), bar.ms)).collect();
         assert_eq!(attention, [
+            ("flash bf16 64x16, 10 items: flash, tensor cores, ldmatrix, 2 stages", 0.05),
             ("flash bf16 128x32: flash, tensor cores, ldmatrix, 2 stages", 0.6),
             ("flash bf16 64x16: flash, tensor cores, ldmatrix, 2 stages", 0.8),
             ("kernel bf16: kernel", 14.9),

@@ -213,6 +213,13 @@ pub struct DeviceArgs {
     /// a tile starting inside an item also walks its earlier keys; default whole-items).
     #[arg(long, value_enum)]
     pub tile_packing: Option<TilePacking>,
+    /// How many cubes `--attention flash` cuts each tile's prefix walk over (FlashDecoding's
+    /// split-KV): `whole` (one cube a tile and KV head; the default), `auto` (per launch, as
+    /// many as fill the GPU's cube slots where a pass has too few tiles for them, by a count of
+    /// waves; CUDA only, whole where the device gives no SM count) or a number of parts. The
+    /// parts' outputs are merged by their log-sum-exps in one more launch.
+    #[arg(long, value_parser = prefix_splits)]
+    pub prefix_splits: Option<tally_model::PrefixSplits>,
     /// Whether `--attention flash` times its candidate tiles on the device at start-up (one
     /// layer at S1's shape on the model's heads) and runs the fastest: `auto` does on CUDA where
     /// no tile flag above is given; `on` also on wgpu; `off` runs the tile the flags describe.
@@ -299,6 +306,20 @@ impl From<FragmentLoads> for tally_model::FragmentLoads {
 }
 
 /// One of the sizes `tally_model::TileShape` builds, as a number.
+/// `whole`, `auto` or a number of parts (1 is `whole`).
+fn prefix_splits(text: &str) -> Result<tally_model::PrefixSplits, String> {
+    use tally_model::PrefixSplits;
+    match text {
+        "whole" => Ok(PrefixSplits::Whole),
+        "auto" => Ok(PrefixSplits::Auto),
+        _ => match text.parse::<usize>() {
+            Ok(1) => Ok(PrefixSplits::Whole),
+            Ok(parts) if (2..=PrefixSplits::MOST_PARTS).contains(&parts) => Ok(PrefixSplits::Parts(parts)),
+            _ => Err(format!("expected `whole`, `auto` or a number of parts from 1 to {}", PrefixSplits::MOST_PARTS)),
+        },
+    }
+}
+
 fn tile_size<const N: usize>(sizes: [&'static str; N]) -> impl clap::builder::TypedValueParser<Value = usize> {
     use clap::builder::TypedValueParser;
     clap::builder::PossibleValuesParser::new(sizes).map(|size| size.parse().expect("a listed size is a number"))
@@ -372,7 +393,7 @@ impl DeviceArgs {
     }
 
     /// The tile kernels' tile (`--tile-rows`, `--tile-keys`, `--tile-stages`, `--fragment-loads`,
-    /// `--kv-staging`, `--warp-rows`, `--tile-packing`).
+    /// `--kv-staging`, `--warp-rows`, `--tile-packing`, `--prefix-splits`).
     pub fn tile(&self) -> tally_model::TileShape {
         let cuda = self.backend == BackendKind::Cuda;
         // On CUDA the largest tile: 128 rows x 64 keys took one S1 layer's flash attention from
@@ -388,6 +409,7 @@ impl DeviceArgs {
         let shape = tally_model::TileShape::new(self.tile_rows.unwrap_or(rows), self.tile_keys.unwrap_or(keys)).unwrap_or_default();
         let shape = shape.with_stages(self.tile_stages.unwrap_or(2)).unwrap_or(shape).with_loads(self.fragment_loads.unwrap_or(FragmentLoads::Ldmatrix).into());
         let shape = shape.with_staging(self.kv_staging.unwrap_or(staging).into()).with_packing(self.tile_packing.unwrap_or(TilePacking::WholeItems).into());
+        let shape = shape.with_splits(self.prefix_splits.unwrap_or_default());
         shape.with_warp_rows(self.warp_rows.unwrap_or(warp_rows)).unwrap_or(shape)
     }
 
@@ -576,6 +598,7 @@ mod tests {
             kv_staging: None,
             warp_rows: None,
             tile_packing: None,
+            prefix_splits: None,
             tile_tuning: TileTuning::Auto,
             flush_denormals: None,
         }
@@ -609,11 +632,26 @@ mod tests {
         assert!(!asked.flush_denormals());
         let elsewhere = DeviceArgs { kv_staging: Some(KvStaging::CpAsync), warp_rows: Some(32), tile_packing: Some(TilePacking::Filled), ..auto(BackendKind::Wgpu) };
         assert_eq!(elsewhere.tile().to_string(), "64x16, 2 stages, ldmatrix, cp-async, 32 rows a warp, filled tiles");
+        let split = DeviceArgs { prefix_splits: Some(tally_model::PrefixSplits::Auto), ..auto(BackendKind::Cuda) };
+        assert_eq!(split.tile().to_string(), "128x64, 2 stages, ldmatrix, cp-async, 32 rows a warp, prefix split auto");
+        assert!(split.tunes_tile(), "the split is planned per launch, not a tile to time");
         assert_eq!(asked.matmul_label(), "cubecl");
         let cublas = |cublas_ordering, cublas_algos| DeviceArgs { matmul: Matmul::Cublas, cublas_ordering, cublas_algos, ..auto(BackendKind::Cuda) }.matmul_label();
         assert_eq!(cublas(None, Some(8)), "cublas-algos8");
         assert_eq!(cublas(None, Some(1)), "cublas", "one candidate is no search");
         assert_eq!(cublas(Some(CublasOrdering::Sync), None), "cublas-sync");
+    }
+
+    /// `--prefix-splits`: `whole`, `auto`, or 1 to 16 parts (1 is whole); anything else is refused.
+    #[test]
+    fn prefix_splits_parse_as_spelled() {
+        use tally_model::PrefixSplits;
+        for (text, splits) in [("whole", PrefixSplits::Whole), ("auto", PrefixSplits::Auto), ("1", PrefixSplits::Whole), ("2", PrefixSplits::Parts(2)), ("16", PrefixSplits::Parts(16))] {
+            assert_eq!(prefix_splits(text), Ok(splits), "{text}");
+        }
+        for text in ["0", "17", "two", ""] {
+            assert!(prefix_splits(text).is_err(), "{text}");
+        }
     }
 
     /// CUDA times its flash tiles unless a tile flag says which; `on` times them on wgpu too;

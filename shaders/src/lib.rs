@@ -45,7 +45,7 @@ pub mod swiglu;
 mod vectors;
 
 pub use block_matmul::{block_matmul, RegisterBlock};
-pub use attention::{fragment_loads, tensor_core_tiles, tile_fits, AttentionKernel, AttentionTiles, FragmentLoads, KvStaging, MultiItemAttention, TilePacking, TileShape, RESCALE_SLACK};
+pub use attention::{fragment_loads, tensor_core_tiles, tile_fits, AttentionKernel, AttentionTiles, FragmentLoads, KvStaging, MultiItemAttention, PrefixSplits, TilePacking, TileShape, RESCALE_SLACK};
 pub use f32_matmul::{f32_matmul, matmul_rounds_to_tf32};
 pub use label_logprobs::StreamedLabelLogprobs;
 pub use matmul_choice::{chosen_matmul, force_matmul, matmul_choices, set_matmul_choice, unchosen_matmul_shapes, MatmulKernel, MatmulShape};

@@ -4,15 +4,17 @@
 
 use std::path::{Path, PathBuf};
 
-use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, ItemGroup, LabelRoute, LabelTable, ModelFiles, QueryBatch, Routes, ScoringBackend, TileShape};
+use tally_model::{AttentionRoute, DecoderModel, ElementwiseRoute, ItemGroup, LabelRoute, LabelTable, ModelFiles, PrefixSplits, QueryBatch, Routes, ScoringBackend, TileShape};
 
 /// The routes a whole model is run on: the backend's kernels (the row attention kernel with
-/// Burn's elementwise ops; the tile kernels, and the cascade with its softmax kernel, with the
-/// fused elementwise and label kernels), then plain Burn ops.
-pub fn whole_model_routes() -> [Routes; 5] {
+/// Burn's elementwise ops; the tile kernels, the flash kernel also with its prefix walk in three
+/// parts, and the cascade with its softmax kernel, with the fused elementwise and label
+/// kernels), then plain Burn ops.
+pub fn whole_model_routes() -> [Routes; 6] {
     let tiled = Routes { attention: AttentionRoute::Tiled(TileShape::default()), elementwise: ElementwiseRoute::Kernels, labels: LabelRoute::Kernel };
     let with = |attention| Routes { attention, ..tiled };
-    [Routes::default(), tiled, with(AttentionRoute::Flash(TileShape::default())), with(AttentionRoute::Cascade), Routes::PLAIN]
+    let split = TileShape::default().with_splits(PrefixSplits::Parts(3));
+    [Routes::default(), tiled, with(AttentionRoute::Flash(TileShape::default())), with(AttentionRoute::Flash(split)), with(AttentionRoute::Cascade), Routes::PLAIN]
 }
 
 /// Every fixture model's directory: beside the sources, or where `TALLY_FIXTURES` says (a test

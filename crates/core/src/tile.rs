@@ -2,6 +2,8 @@
 //! that need no GPU (the kernels in tally-shaders check it against a device's shared memory),
 //! how their tensor-core fragments are read, and how the flash kernel stages its keys and values.
 
+use crate::prefix_split::PrefixSplits;
+
 /// The tile kernels' tile: query rows per cube (16 per plane of 32 units) and keys per step;
 /// key steps the flash kernel keeps in flight (`stages`: 2 reads the next step while it
 /// computes on this one, in a second buffer; 3 also multiplies the next step's scores while
@@ -15,7 +17,8 @@
 /// value fragment read, the query read from shared memory each step). Larger tiles read each prefix key for more rows and sync less often; smaller ones
 /// need less shared memory and registers. [`TileShape::ROWS`] × [`TileShape::KEYS`] ×
 /// [`TileShape::STAGES`] are the shapes built. `packing`: how a pass's items fill the tiles
-/// ([`TilePacking`]).
+/// ([`TilePacking`]); `splits`: how many cubes the flash kernel cuts each tile's prefix walk
+/// over ([`PrefixSplits`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileShape {
     pub rows: usize,
@@ -25,6 +28,7 @@ pub struct TileShape {
     pub staging: KvStaging,
     pub warp_rows: usize,
     pub packing: TilePacking,
+    pub splits: PrefixSplits,
 }
 
 /// How a pass's items (those of one prefix, in order) are cut into tiles.
@@ -110,13 +114,14 @@ impl KvStaging {
 
 impl Default for TileShape {
     fn default() -> Self {
-        TileShape { rows: 64, keys: 16, stages: 2, loads: FragmentLoads::default(), staging: KvStaging::default(), warp_rows: 16, packing: TilePacking::default() }
+        TileShape { rows: 64, keys: 16, stages: 2, loads: FragmentLoads::default(), staging: KvStaging::default(), warp_rows: 16, packing: TilePacking::default(), splits: PrefixSplits::default() }
     }
 }
 
 /// `ROWSxKEYS, STAGES stages, LOADS`, then `, cp-async` and `, 32 rows a warp` where the flash
-/// kernel runs so and `, filled tiles` where the tiles are, as the results spell it (runs before
-/// those choices read the same).
+/// kernel runs so, `, filled tiles` where the tiles are and `, prefix split auto` (or `in N
+/// parts`) where the walk is, as the results spell it (runs before those choices read the
+/// same).
 impl std::fmt::Display for TileShape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}x{}, {}, {}", self.rows, self.keys, self.stages_text(), self.loads.name())?;
@@ -128,6 +133,11 @@ impl std::fmt::Display for TileShape {
         }
         if self.packing != TilePacking::WholeItems {
             write!(f, ", {} tiles", self.packing.name())?;
+        }
+        match self.splits {
+            PrefixSplits::Whole => {}
+            PrefixSplits::Auto => write!(f, ", prefix split auto")?,
+            PrefixSplits::Parts(parts) => write!(f, ", prefix in {parts} parts")?,
         }
         Ok(())
     }
@@ -175,6 +185,11 @@ impl TileShape {
         TileShape { packing, ..self }
     }
 
+    /// This shape with its prefix walks cut as `splits` asks.
+    pub fn with_splits(self, splits: PrefixSplits) -> Self {
+        TileShape { splits, ..self }
+    }
+
     /// This shape with `warp_rows` query rows a warp of the flash kernel; `None` unless
     /// `warp_rows` is in [`Self::WARP_ROWS`] and divides the tile's rows.
     pub fn with_warp_rows(self, warp_rows: usize) -> Option<Self> {
@@ -195,7 +210,7 @@ impl TileShape {
 
 #[cfg(test)]
 mod tests {
-    use super::{FragmentLoads, KvStaging, TileShape};
+    use super::{FragmentLoads, KvStaging, PrefixSplits, TileShape};
 
     #[test]
     fn only_built_shapes_exist_and_print_as_flags_spell_them() {
@@ -212,6 +227,8 @@ mod tests {
         assert!(KvStaging::CopyAsyncSplit.copies_async() && KvStaging::CopyAsync.copies_async() && !KvStaging::Registers.copies_async());
         let two_blocks = TileShape::new(128, 64).unwrap().with_warp_rows(32).unwrap();
         assert_eq!(two_blocks.to_string(), "128x64, 2 stages, ldmatrix, 32 rows a warp");
+        assert_eq!(two_blocks.with_splits(PrefixSplits::Auto).to_string(), "128x64, 2 stages, ldmatrix, 32 rows a warp, prefix split auto");
+        assert_eq!(TileShape::default().with_splits(PrefixSplits::Parts(3)).to_string(), "64x16, 2 stages, ldmatrix, prefix in 3 parts");
         assert_eq!(TileShape::new(16, 16).unwrap().with_warp_rows(32), None, "a 16-row tile has no warp of 32 rows");
         assert_eq!(TileShape::default().with_warp_rows(24), None);
         // 128 × 64 at head_dim 128 in bf16: 34 KiB of padded K/V a stage, 32 KiB of scores,

@@ -57,7 +57,7 @@ pub use weight::WeightStorage;
 pub use weights::WeightForm;
 pub use kv::PrefixKv;
 pub use matmul::Matmul;
-pub use route::{AttentionRoute, ElementwiseRoute, FragmentLoads, KvStaging, LabelRoute, Routes, TilePacking, TileShape};
+pub use route::{AttentionRoute, ElementwiseRoute, FragmentLoads, KvStaging, LabelRoute, PrefixSplits, Routes, TilePacking, TileShape};
 pub use layout::ItemLayout;
 pub use labels::LabelTable;
 pub use query_kv::{ItemGroup, QueryBatch, QueryKv, PREFILL_CHUNK};

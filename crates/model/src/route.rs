@@ -3,7 +3,7 @@
 //! routes asked for into the routes it runs ([`crate::ScoringBackend::routes`]), once, and the
 //! decoder follows them.
 
-pub use tally_core::{FragmentLoads, KvStaging, TilePacking, TileShape};
+pub use tally_core::{FragmentLoads, KvStaging, PrefixSplits, TilePacking, TileShape};
 
 /// How multi-item attention runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -38,7 +38,7 @@ use burn_cubecl::cubecl::prelude::barrier::{copy_async_checked, Barrier};
 use burn_cubecl::cubecl::prelude::*;
 
 use super::tiled::{QueryPairs, LANES, NO_ROW, ROWS_PER_PLANE};
-use super::walk::{copy_share, in_whole_passes, keys_apart, kv_rows, load_share, read_tile, staged_row, store_share, tile_row, unit_origin, visible_keys, walk_step, Step, Tile};
+use super::walk::{copy_share, in_whole_passes, keys_apart, kv_rows, load_share, read_tile_part, staged_row, store_share, tile_row, unit_origin, visible_keys, walk_step, Step, Tile};
 use super::{KvStaging, NO_SCORE};
 use crate::grid::cube_index;
 
@@ -153,18 +153,37 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     #[comptime] stages: usize,
     #[comptime] staging: KvStaging,
     #[comptime] blocks: usize,
+    #[comptime] split: bool,
+    lse: &mut Tensor<f32>,
+    parts: u32,
     #[define(F)] _dtype: StorageType,
 ) {
-    let tile_index = cube_index();
+    // Split (`split`): `parts` cubes a tile, each walking part `part` of its prefix
+    // ([`read_tile_part`]) and writing its rows normalised, with their log-sum-exp, to `output`'s
+    // part `part` (`[parts · tokens, q_heads, head_dim]`) and `lse` (`[parts · tokens · q_heads]`)
+    // for the merge ([`super::merge`]). Whole: `parts` and `lse` unused.
+    let mut tile_index = cube_index();
+    let mut part = 0usize;
+    if comptime![split] {
+        part = tile_index % parts as usize;
+        tile_index /= parts as usize;
+    }
     // Uniform over the cube: the grid's last row may run past the tiles.
     if tile_index * 4 >= tiles.len() {
         terminate!();
     }
     let kv_head = CUBE_POS_Z as usize;
-    let tile = read_tile(tiles, item_starts, tile_index);
+    let tile = read_tile_part(tiles, item_starts, tile_index, part, parts as usize, split, step_keys);
     let q_heads = keys.shape(1) * group;
     let unit = UNIT_POS_X as usize;
     let units = comptime![flash_units(rows, blocks)];
+    let prefix_steps = tile.prefix_len.div_ceil(step_keys);
+    let steps = prefix_steps + tile.own_keys.div_ceil(step_keys);
+    // Where this part's rows start in `output` and `lse`, in elements of a row (0 whole).
+    let mut part_at = 0usize;
+    if comptime![split] {
+        part_at = part * queries.shape(0) * q_heads * head_dim;
+    }
 
     // Where the cube's rows read and write, for the query and output fragments; and which
     // token each row is and where its item starts, read on masked steps only (held in
@@ -180,6 +199,20 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     }
     sync_cube();
     let cube_rows = CubeRows { tokens: row_tokens, item_starts: row_item_starts };
+    if comptime![split] {
+        // A part with no keys (a prefix of fewer steps than parts) weighs nothing in the merge:
+        // its rows' log-sum-exp NO_SCORE, their outputs never read. Uniform over the cube, and
+        // before any copy is issued.
+        if steps == 0 {
+            if unit < rows {
+                let offset = row_offsets[unit];
+                if offset != NO_ROW {
+                    lse[(part_at + offset as usize) / head_dim] = f32::new(NO_SCORE);
+                }
+            }
+            terminate!();
+        }
+    }
 
     // With two blocks a plane, the cube's query rows in shared memory (zeros for rows without
     // a token), read by the planes' fragments every step.
@@ -238,8 +271,6 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     let mut staged_values = SharedMemory::<F>::new_aligned(comptime![stages * buffer], 16usize);
 
     let kv = kv_rows::<W>(&tile, kv_head, keys, values, prefix_keys, head_dim);
-    let prefix_steps = tile.prefix_len.div_ceil(step_keys);
-    let steps = prefix_steps + (tile.end - tile.own_start).div_ceil(step_keys);
     if comptime![stages == 1] {
         // Stage a step, compute on it, and wait for every unit before restaging.
         for s in 0..steps {
@@ -345,8 +376,9 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
         // Two buffers, `cp.async` (CUDA): step `s + 1` is copied into one while step `s` is
         // computed on the other. One barrier a step: waiting on it, a unit knows every unit's
         // copies of step `s` have landed and every unit is done with step `s − 1`, whose buffer
-        // the next copies overwrite. A tile has at least one own key, so at least one step:
-        // every copy is waited on before the cube ends.
+        // the next copies overwrite. A tile has at least one own key, and a part of a split
+        // walk that has no step has ended above, so at least one step: every copy is waited on
+        // before the cube ends.
         let barrier = Barrier::shared(comptime![units as u32], UNIT_POS == 0);
         let first = walk_step(&tile, 0, prefix_steps, step_keys);
         copy_share::<F, N, W>(&kv, &first, keys, values, prefix_keys, prefix_values, &mut staged_keys, &mut staged_values, 0usize, step_keys, head_dim, units);
@@ -382,13 +414,20 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
     // (a 32-bit store in bf16; the output starts a pair in, and a row's columns are an even
     // number in). An element at a time with a division each, it was 128 stores and 717
     // instructions a unit after the loop, now 64 and 590 (sm_90a, 32 rows a warp at head_dim
-    // 128).
+    // 128). A part of a split walk also writes each row's log-sum-exp (its quad's first lane).
     #[unroll]
     for r in 0..unit_rows {
         let (block, half) = (r / HALVES, r % HALVES);
-        let inverse = 1.0 / T::quad_sum(rows_state.sums[r], units);
+        let sum = T::quad_sum(rows_state.sums[r], units);
+        let inverse = 1.0 / sum;
         let offset = row_offsets[plane_row + block * ROWS_PER_PLANE + fragment_row(lane, 2 * half)];
         if offset != NO_ROW {
+            let row_at = part_at + offset as usize;
+            if comptime![split] {
+                if lane % QUAD == 0 {
+                    lse[row_at / head_dim] = rows_state.maxima[r] + f32::ln(sum);
+                }
+            }
             #[unroll]
             for dims in 0..comptime![head_dim / 8] {
                 let dim = dims * 8 + fragment_column(lane, 2 * half);
@@ -397,7 +436,7 @@ pub(super) fn flash_attention_kernel<F: Float, T: FragmentMath, N: Size, W: Size
                 for column in 0..COLUMNS {
                     columns[column] = F::cast_from(accumulated[block * output_elements + dims * BLOCK_ELEMENTS + 2 * half + column] * inverse);
                 }
-                output[(offset as usize + dim) / COLUMNS] = columns;
+                output[(row_at + dim) / COLUMNS] = columns;
             }
         }
     }

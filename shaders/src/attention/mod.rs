@@ -16,6 +16,8 @@
 //! (`mma_tile`) and in plain registers elsewhere (`register_tile`), where their tiling, masks
 //! and online softmax are tested.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use burn_backend::{DType, Shape, TensorMetadata};
 use burn_cubecl::cubecl::ir::{features::MmaConfig, StorageType};
 use burn_cubecl::cubecl::prelude::*;
@@ -28,6 +30,7 @@ use crate::grid::cubes;
 use crate::vectors::vector_width;
 
 mod flash;
+mod merge;
 mod mma_tile;
 mod register_tile;
 mod rows;
@@ -60,7 +63,8 @@ pub enum AttentionKernel {
     Flash(TileShape),
 }
 
-pub use tally_core::{FragmentLoads, KvStaging, TilePacking, TileShape};
+pub use tally_core::{FragmentLoads, KvStaging, PrefixSplits, TilePacking, TileShape};
+use tally_core::{prefix_parts, PrefixWalk};
 
 /// Whether a cube of `shape` fits the shared memory of `client`'s device at `head_dim` in `dtype`.
 pub fn tile_fits<R: CubeRuntime>(shape: TileShape, client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> bool {
@@ -122,6 +126,14 @@ pub struct AttentionTiles<R: CubeRuntime> {
     tokens: usize,
     /// The end of the furthest prefix an item reads: the prefix K/V must hold this many tokens.
     prefix_tokens: usize,
+    /// The longest prefix a tile walks, and the most own keys: a split walk's longest cube.
+    longest_prefix: usize,
+    most_own_keys: usize,
+    /// The flash kernel's log-sum-exp output where its walk is whole (one unused float).
+    unused_lse: CubeTensor<R>,
+    /// Parts of the last flash launch's walk (0 before one), for [`Self::launched`] to say what
+    /// `auto` planned.
+    last_parts: AtomicUsize,
     group: usize,
     kernel: AttentionKernel,
 }
@@ -142,6 +154,8 @@ impl<R: CubeRuntime> AttentionTiles<R> {
         };
         let (tiles, item_starts) = tiles(item_offsets, item_prefixes, tokens_per_tile, packing);
         let tile_count = tiles.len() / 4;
+        let longest_prefix = tiles.chunks(4).map(|tile| tile[3] as usize).max().unwrap_or(0);
+        let most_own_keys = tiles.chunks(4).map(|tile| (tile[1] - item_starts[tile[0] as usize]) as usize).max().unwrap_or(0);
         let upload = |mut values: Vec<u32>| {
             // A buffer can't be empty (a pass without tokens launches nothing, but still plans).
             if values.is_empty() {
@@ -152,7 +166,23 @@ impl<R: CubeRuntime> AttentionTiles<R> {
         };
         let prefix_tokens = item_prefixes.iter().map(|&(start, len)| start + len).max().unwrap_or(0);
         let tokens = item_offsets.last().copied().unwrap_or(0);
-        AttentionTiles { tiles: upload(tiles), item_starts: upload(item_starts), tile_count, tokens_per_tile, tokens, prefix_tokens, group, kernel }
+        let unused_lse = empty_device_contiguous_dtype(client.clone(), device.clone(), Shape::new([1]), DType::F32);
+        AttentionTiles { tiles: upload(tiles), item_starts: upload(item_starts), tile_count, tokens_per_tile, tokens, prefix_tokens, longest_prefix, most_own_keys, unused_lse, last_parts: AtomicUsize::new(0), group, kernel }
+    }
+
+    /// Parts the flash kernel of `shape` cuts each tile's prefix walk into at `kv_heads` KV
+    /// heads of `head_dim` in `dtype` ([`tally_core::prefix_parts`]).
+    fn prefix_parts(&self, client: &ComputeClient<R>, shape: TileShape, kv_heads: usize, head_dim: usize, dtype: DType) -> usize {
+        let walk = PrefixWalk {
+            cubes: self.tile_count * kv_heads,
+            slots: concurrent_flash_cubes(client, shape, head_dim, dtype),
+            prefix_steps: self.longest_prefix.div_ceil(shape.keys),
+            own_steps: self.most_own_keys.div_ceil(shape.keys),
+            output_bytes: self.tokens * kv_heads * self.group * head_dim * dtype.size(),
+        };
+        let parts = prefix_parts(shape.splits, walk);
+        self.last_parts.store(parts, Ordering::Relaxed);
+        parts
     }
 
     /// The tile kernel a call at `head_dim` in `dtype` runs: where its tile fits, with tensor
@@ -197,8 +227,10 @@ impl<R: CubeRuntime> AttentionTiles<R> {
     /// What a call at `head_dim` in `dtype` runs, for benchmarks and tests to report: `rows`,
     /// or `tiled`/`flash` with `registers`/`tensor cores`, on tensor cores how their fragments
     /// load (`ldmatrix`/`elements`), and the flash kernel's stages (`, cp-async` where it
-    /// copies so; `, 32 rows a warp` where its warps take two row blocks), and `, filled
-    /// tiles` where items are cut at tile edges. It assumes K/V that
+    /// copies so; `, 32 rows a warp` where its warps take two row blocks), `, filled tiles`
+    /// where items are cut at tile edges, and the flash kernel's prefix walk where it is cut
+    /// (`, prefix in N parts`; for `auto`, the parts of the last launch, or `, prefix split
+    /// auto` before one). It assumes K/V that
     /// start whole 32-bit words into their buffers, as every 16-bit K/V does that the tile
     /// kernels take (tensor cores need `head_dim` a multiple of 16); a call whose K/V do not
     /// runs the row kernel ([`staging_width`]).
@@ -226,8 +258,32 @@ impl<R: CubeRuntime> AttentionTiles<R> {
         if shape.packing != TilePacking::WholeItems {
             launched.push_str(&format!(", {} tiles", shape.packing.name()));
         }
+        if tile_loop == TileLoop::Flash {
+            match (shape.splits, self.last_parts.load(Ordering::Relaxed)) {
+                (PrefixSplits::Whole, _) => {}
+                (PrefixSplits::Auto, 0) => launched.push_str(", prefix split auto"),
+                (PrefixSplits::Auto, parts) => launched.push_str(&format!(", prefix in {parts} part{} (auto, last launch)", if parts == 1 { "" } else { "s" })),
+                (PrefixSplits::Parts(parts), _) => launched.push_str(&format!(", prefix in {parts} parts")),
+            }
+        }
         launched
     }
+}
+
+/// Flash cubes of `shape` the device runs at once, where it says how many SMs it has (CUDA):
+/// SMs × cubes an SM, as many as the SM's shared memory holds (the device's most a cube, plus
+/// the 1 KiB CUDA keeps a cube), its 64 Ki registers (a unit's count is ptxas's, unknown before
+/// the kernel compiles: 256 at 32 rows a warp or three stages, 176 otherwise, by the sm_90a
+/// report's 255 and 164–232) and its 2,048 units. On the H200 at CUDA's default tile: 132 × 2.
+fn concurrent_flash_cubes<R: CubeRuntime>(client: &ComputeClient<R>, shape: TileShape, head_dim: usize, dtype: DType) -> Option<usize> {
+    const RESERVED_SHARED: usize = 1024;
+    let hardware = &client.properties().hardware;
+    let sms = hardware.num_streaming_multiprocessors? as usize;
+    let units = flash::units_per_cube(shape);
+    let by_shared = (hardware.max_shared_memory_size + RESERVED_SHARED) / (shape.shared_memory_bytes(head_dim, dtype.size()) + RESERVED_SHARED);
+    let unit_registers = if shape.warp_rows > 16 || shape.stages == 3 { 256 } else { 176 };
+    let by_registers = 65_536 / (unit_registers * units);
+    Some(sms * by_shared.min(by_registers).min(2_048 / units).max(1))
 }
 
 /// The inputs of one multi-item attention call.
@@ -289,7 +345,20 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
         let staging = staging_width(&client, head_dim, dtype, &strides, [&queries, &keys, &values, &prefix_keys, &prefix_values]);
         let tiled = staging.and_then(|_| tiles.tile_kernel(&client, head_dim, dtype));
         let (width, words) = staging.map_or((1, 1), |width| (width, width * dtype.size() / 4));
-        let grid = cubes(tiles.tile_count, kv_heads);
+        // A flash walk cut into parts writes each part's rows and their log-sum-exps, merged
+        // into `output` after it; whole, it writes `output`.
+        let parts = match tiled {
+            Some((TileLoop::Flash, _, shape)) => tiles.prefix_parts(&client, shape, kv_heads, head_dim, dtype),
+            _ => 1,
+        };
+        let split = parts > 1;
+        let (target, lse) = if split {
+            let part_outputs = empty_device_contiguous_dtype(client.clone(), queries.device.clone(), Shape::new([parts * tokens, q_heads, head_dim]), dtype);
+            (part_outputs, empty_device_contiguous_dtype(client.clone(), queries.device.clone(), Shape::new([parts * tokens * q_heads]), DType::F32))
+        } else {
+            (output.clone(), tiles.unused_lse.clone())
+        };
+        let grid = cubes(tiles.tile_count * parts, kv_heads);
         let scale = (head_dim as f32).powf(-0.5);
         // Every kernel takes the same tensors; the tile kernels also the K/V vectors' width in
         // elements and in words, and their tile's comptime sizes. Launched without CubeCL's
@@ -305,7 +374,9 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
                 // stop at the step's key count (`walk_step`: within the prefix length or the
                 // tile's own tokens, both held to the tensors by the asserts above), query rows
                 // are copied whole at a width `staging_width` holds them aligned to,
-                // and staged indices stay below the shared tiles' comptime sizes. The kernel
+                // staged indices stay below the shared tiles' comptime sizes, and a part of a
+                // split walk writes its rows `part` parts into `target` and `lse`, both made
+                // for `parts` (`read_tile_part` keeps a part's keys inside its tile's prefix). The kernel
                 // tests check every route at the edges of each tile size with NaN-poisoned
                 // outputs.
                 unsafe { $launch(
@@ -320,7 +391,7 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
                     prefix_values.into_tensor_arg(),
                     tiles.tiles.clone().into_tensor_arg(),
                     tiles.item_starts.clone().into_tensor_arg(),
-                    output.clone().into_tensor_arg(),
+                    target.clone().into_tensor_arg(),
                     scale,
                     head_dim,
                     tiles.group,
@@ -336,11 +407,14 @@ impl<R: CubeRuntime> MultiItemAttention<'_, R> {
             },
             Some((TileLoop::SharedSoftmax, TileMath::Register, shape)) => launch!(tiled::tiled_attention_kernel::launch_unchecked::<register_tile::RegisterTile, R>, tiled::units_per_cube(shape), [width, words], shape.rows, shape.keys),
             Some((TileLoop::Flash, TileMath::Mma, shape)) => match shape.loads {
-                FragmentLoads::Ldmatrix => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::Ldmatrix>, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, shape.staging, shape.warp_rows / 16),
-                FragmentLoads::Elements => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::ElementLoads>, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, shape.staging, shape.warp_rows / 16),
+                FragmentLoads::Ldmatrix => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::Ldmatrix>, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, shape.staging, shape.warp_rows / 16, split, lse.clone().into_tensor_arg(), parts as u32),
+                FragmentLoads::Elements => launch!(flash::flash_attention_kernel::launch_unchecked::<mma_tile::MmaFragments<mma_tile::ElementLoads>, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, shape.staging, shape.warp_rows / 16, split, lse.clone().into_tensor_arg(), parts as u32),
             },
-            Some((TileLoop::Flash, TileMath::Register, shape)) => launch!(flash::flash_attention_kernel::launch_unchecked::<register_tile::RegisterFragments, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, KvStaging::Registers, shape.warp_rows / 16),
+            Some((TileLoop::Flash, TileMath::Register, shape)) => launch!(flash::flash_attention_kernel::launch_unchecked::<register_tile::RegisterFragments, R>, flash::units_per_cube(shape), [width, words], shape.rows, shape.keys, shape.stages, KvStaging::Registers, shape.warp_rows / 16, split, lse.clone().into_tensor_arg(), parts as u32),
             None => launch!(rows::row_attention_kernel::launch_unchecked::<R>, tiles.tokens_per_tile * tiles.group, []),
+        }
+        if split {
+            merge::merge_parts(&target, &lse, parts, output);
         }
     }
 }
@@ -400,7 +474,7 @@ fn tiles(item_offsets: &[usize], item_prefixes: &[(usize, usize)], tokens_per_ti
 
 #[cfg(test)]
 mod tests {
-    use super::{tiles, TilePacking, TileShape};
+    use super::{tiles, PrefixSplits, TilePacking, TileShape};
 
     #[test]
     fn tiles_join_small_items_of_one_prefix_and_split_long_ones() {
@@ -414,7 +488,7 @@ mod tests {
     #[test]
     fn tile_shapes_are_those_built() {
         assert_eq!(TileShape::new(64, 16), Some(TileShape::default()));
-        assert_eq!(TileShape::new(128, 64), Some(TileShape { rows: 128, keys: 64, stages: 2, loads: super::FragmentLoads::Ldmatrix, staging: super::KvStaging::Registers, warp_rows: 16, packing: TilePacking::WholeItems }));
+        assert_eq!(TileShape::new(128, 64), Some(TileShape { rows: 128, keys: 64, stages: 2, loads: super::FragmentLoads::Ldmatrix, staging: super::KvStaging::Registers, warp_rows: 16, packing: TilePacking::WholeItems, splits: PrefixSplits::Whole }));
         for (rows, keys) in [(48, 16), (64, 8), (256, 16), (0, 0)] {
             assert_eq!(TileShape::new(rows, keys), None, "{rows}x{keys}");
         }

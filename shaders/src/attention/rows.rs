@@ -72,7 +72,7 @@ pub(super) fn row_attention_kernel<F: Float>(
     let mut tile_keys = SharedMemory::<f32>::new(KEY_TILE * head_dim);
     let mut tile_values = SharedMemory::<f32>::new(KEY_TILE * head_dim);
     let prefix_steps = tile.prefix_len.div_ceil(KEY_TILE);
-    let own_steps = (tile.end - tile.own_start).div_ceil(KEY_TILE);
+    let own_steps = tile.own_keys.div_ceil(KEY_TILE);
 
     for step in 0..prefix_steps + own_steps {
         let step = walk_step(&tile, step, prefix_steps, KEY_TILE);

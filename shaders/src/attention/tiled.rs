@@ -130,7 +130,7 @@ pub(super) fn tiled_attention_kernel<F: Float, T: TileMath, N: Size, W: Size>(
 
     let kv = kv_rows::<W>(&tile, kv_head, keys, values, prefix_keys, head_dim);
     let prefix_steps = tile.prefix_len.div_ceil(step_keys);
-    let own_steps = (tile.end - tile.own_start).div_ceil(step_keys);
+    let own_steps = tile.own_keys.div_ceil(step_keys);
     for step in 0..prefix_steps + own_steps {
         let step = walk_step(&tile, step, prefix_steps, step_keys);
 

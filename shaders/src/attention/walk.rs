@@ -8,8 +8,10 @@ use burn_cubecl::cubecl::prelude::*;
 
 use super::tiled::NO_ROW;
 
-/// One cube's tile as the plan wrote it, and where its own keys start: the tile's first item
-/// start (earlier than its first token for a piece of a long item).
+/// One cube's tile as the plan wrote it, where its own keys start (the tile's first item
+/// start: earlier than its first token for a piece of a long item) and how many of them the
+/// cube walks (up to the tile's last token; none in a part of a split prefix walk but the
+/// last, [`read_tile_part`]).
 #[derive(CubeType)]
 pub(super) struct Tile {
     pub start: usize,
@@ -17,19 +19,45 @@ pub(super) struct Tile {
     pub prefix_start: usize,
     pub prefix_len: usize,
     pub own_start: usize,
+    pub own_keys: usize,
 }
 
 /// Tile `index` of `tiles` (`[first token, end token, prefix start, prefix length]` each).
 #[cube]
 pub(super) fn read_tile(tiles: &Tensor<u32>, item_starts: &Tensor<u32>, index: usize) -> Tile {
+    read_tile_part(tiles, item_starts, index, 0usize, 1usize, false, 1usize)
+}
+
+/// [`read_tile`], and where `split`, only part `part` of `parts` of its walk
+/// ([`tally_core::PrefixSplits`]): an even share of its prefix's key steps (`step_keys` keys
+/// each), from a step's start (the last parts fewer steps, or none, where the steps do not
+/// divide), and the tile's own keys in the last part only. Every part but the last walks only
+/// keys every row sees, so only the prefix's own last step is ever masked.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn read_tile_part(tiles: &Tensor<u32>, item_starts: &Tensor<u32>, index: usize, part: usize, parts: usize, #[comptime] split: bool, #[comptime] step_keys: usize) -> Tile {
     let start = tiles[index * 4] as usize;
-    Tile {
-        start,
-        end: tiles[index * 4 + 1] as usize,
-        prefix_start: tiles[index * 4 + 2] as usize,
-        prefix_len: tiles[index * 4 + 3] as usize,
-        own_start: item_starts[start] as usize,
+    let end = tiles[index * 4 + 1] as usize;
+    let own_start = item_starts[start] as usize;
+    let mut prefix_start = tiles[index * 4 + 2] as usize;
+    let mut prefix_len = tiles[index * 4 + 3] as usize;
+    let mut own_keys = end - own_start;
+    if comptime![split] {
+        let part_keys = prefix_len.div_ceil(step_keys).div_ceil(parts) * step_keys;
+        let mut first = part * part_keys;
+        if first > prefix_len {
+            first = prefix_len;
+        }
+        prefix_start += first;
+        prefix_len -= first;
+        if prefix_len > part_keys {
+            prefix_len = part_keys;
+        }
+        if part + 1 != parts {
+            own_keys = 0;
+        }
     }
+    Tile { start, end, prefix_start, prefix_len, own_start, own_keys }
 }
 
 /// Where row `row` of a cube (token `row / group` of the tile × query head `row % group` of
@@ -86,7 +114,7 @@ pub(super) fn walk_step(tile: &Tile, step: usize, prefix_steps: usize, #[comptim
     let mut available = tile.prefix_len;
     if !in_prefix {
         first = (step - prefix_steps) * keys;
-        available = tile.end - tile.own_start;
+        available = tile.own_keys;
     }
     // No keys past the walk's end: the flash kernel reads one step ahead.
     let mut count = 0;
