@@ -457,19 +457,23 @@ load_stage() {
     # Connections up to 4,096 (512 by default): at 2,000 qps and ~1 s a request the server, not
     # its connection cap, sets the rate; a connection is a file descriptor on both sides.
     [ "$(ulimit -n)" = unlimited ] || [ "$(ulimit -n)" -ge 8192 ] || ulimit -n 8192 2>/dev/null || echo "load: cannot raise the open-file limit to 8192 (it stays $(ulimit -n))"
-    load_at "" "$load_levels" || ok=1
+    load_at "$load_levels" || ok=1
     if listed no-overlap "${TALLY_SUITE_LOAD_EXTRAS-}"; then
-        load_at -no-overlap "$top" --no-overlap || ok=1
+        load_at "$top" --no-overlap || ok=1
     fi
     return $ok
 }
 
-# One server (flags after the first two words, which its results record) under `bench load` at
-# each rate of RATES, its results named load-qpsN$SUFFIX.
+# One server (flags after the first word, RATES) under `bench load` at each rate, its results
+# named load-qpsN.json, or with flags load-qpsN-FLAGS.json (`--no-overlap`: load-qpsN-no-overlap),
+# the flags recorded in them as the server's label.
 load_at() {
-    local suffix=$1 rates=$2 port=18123 ok=0 label=()
-    shift 2
-    [ $# = 0 ] || label=("--server-label=$*")
+    local rates=$1 port=18123 ok=0 label=() suffix=""
+    shift
+    if [ $# -gt 0 ]; then
+        label=("--server-label=$*")
+        suffix=$(echo "$*" | tr -s ' ' '-' | sed 's/--*/-/g')
+    fi
     "$cuda" serve --model $model --backend $gpu --dtype $load_dtype $(matmul_flags ${matmuls%% *}) --port $port --max-queue 100000 --max-connections 4096 "$@" >"$out/serve$suffix.log" 2>&1 &
     local server=$!
     # The server listens once its warm-up (every pass shape compiled and tuned) is done.
