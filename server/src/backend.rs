@@ -305,8 +305,7 @@ impl From<FragmentLoads> for tally_model::FragmentLoads {
     }
 }
 
-/// One of the sizes `tally_model::TileShape` builds, as a number.
-/// `whole`, `auto` or a number of parts (1 is `whole`).
+/// `--prefix-splits`: `whole`, `auto` or a number of parts (1 is `whole`).
 fn prefix_splits(text: &str) -> Result<tally_model::PrefixSplits, String> {
     use tally_model::PrefixSplits;
     match text {
@@ -320,6 +319,7 @@ fn prefix_splits(text: &str) -> Result<tally_model::PrefixSplits, String> {
     }
 }
 
+/// One of the sizes `tally_model::TileShape` builds, as a number.
 fn tile_size<const N: usize>(sizes: [&'static str; N]) -> impl clap::builder::TypedValueParser<Value = usize> {
     use clap::builder::TypedValueParser;
     clap::builder::PossibleValuesParser::new(sizes).map(|size| size.parse().expect("a listed size is a number"))
