@@ -245,17 +245,23 @@ fn attention_with_the_prefix_walk_cut_into_parts() {
     // 5 parts leaves three parts with no key at all and the last with the own keys alone, an
     // empty prefix (a query's own prefill) every part but the last. Rising keys: the later parts'
     // rows sum from far larger maxima than the earlier ones', so the merge's weights differ by
-    // orders of magnitude. One, two and three stages.
+    // orders of magnitude. Then one head of 16 (4 vectors a token): 63, 64 and 65 tokens, just
+    // under, at and past one 64-row tile and the merge's 256-unit cube, on prefixes of 1, 2 and
+    // 3 steps, just under, at and past 2 and 3 parts. One, two and three stages.
+    let edge = |prefix: usize, tokens: usize| Case { groups: vec![(prefix, vec![tokens])], q_heads: 1, kv_heads: 1, head_dim: 16, ..Default::default() };
     let cases = [
         Case { groups: vec![(1, vec![1, 17, 65, 2])], q_heads: 4, kv_heads: 4, head_dim: 16, ..Default::default() },
         Case { groups: vec![(2050, vec![20, 7, 65, 1, 33])], q_heads: 8, kv_heads: 2, head_dim: 64, ..Default::default() },
         Case { groups: vec![(130, vec![3, 150, 5]), (0, vec![5, 1]), (37, vec![64, 16, 17])], q_heads: 4, kv_heads: 2, head_dim: 16, ..Default::default() },
         Case { groups: vec![(300, vec![20, 7, 1]), (40, vec![3])], q_heads: 4, kv_heads: 2, head_dim: 32, rising_keys: true },
+        edge(16, 63),
+        edge(32, 64),
+        edge(33, 65),
     ];
     for (seed, case) in cases.into_iter().enumerate() {
         let seed = 101 + seed as u64;
         let expected = case.expected(seed);
-        for parts in [2, 5] {
+        for parts in [2, 3, 5] {
             for stages in [1, 2, 3] {
                 let shape = TileShape::default().with_stages(stages).expect("a built shape").with_splits(PrefixSplits::Parts(parts));
                 let kernel = AttentionKernel::Flash(shape);

@@ -30,12 +30,16 @@ impl PrefixSplits {
     /// outputs to the merge.
     pub const MOST_PARTS: usize = 16;
 
-    /// `whole`, `auto` or the number of parts, as the flags and results spell it.
-    pub fn name(self) -> String {
+}
+
+/// `prefix whole`, `prefix split auto` or `prefix in N parts`, as the results spell it (a tile
+/// shape's text and what a launch ran add it where the walk is not whole).
+impl std::fmt::Display for PrefixSplits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            PrefixSplits::Whole => "whole".into(),
-            PrefixSplits::Auto => "auto".into(),
-            PrefixSplits::Parts(parts) => parts.to_string(),
+            PrefixSplits::Whole => write!(f, "prefix whole"),
+            PrefixSplits::Auto => write!(f, "prefix split auto"),
+            PrefixSplits::Parts(parts) => write!(f, "prefix in {parts} parts"),
         }
     }
 }
@@ -137,6 +141,6 @@ mod tests {
         assert!(prefix_parts(PrefixSplits::Auto, walk(1, 150, 1, 20)) <= 3);
         assert_eq!(prefix_parts(PrefixSplits::Parts(5), walk(1, 10, 1, 20)), 5, "empty parts are the kernel's to handle");
         assert_eq!(prefix_parts(PrefixSplits::Whole, walk(1, 2020, 1, 20)), 1);
-        assert_eq!(PrefixSplits::Parts(3).name(), "3");
+        assert_eq!(PrefixSplits::Parts(3).to_string(), "prefix in 3 parts");
     }
 }

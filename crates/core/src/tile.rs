@@ -119,9 +119,9 @@ impl Default for TileShape {
 }
 
 /// `ROWSxKEYS, STAGES stages, LOADS`, then `, cp-async` and `, 32 rows a warp` where the flash
-/// kernel runs so, `, filled tiles` where the tiles are and `, prefix split auto` (or `in N
-/// parts`) where the walk is, as the results spell it (runs before those choices read the
-/// same).
+/// kernel runs so, `, filled tiles` where the tiles are and the prefix walk's split
+/// ([`PrefixSplits`]'s text) where the walk is not whole, as the results spell it (runs before
+/// those choices read the same).
 impl std::fmt::Display for TileShape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}x{}, {}, {}", self.rows, self.keys, self.stages_text(), self.loads.name())?;
@@ -134,10 +134,8 @@ impl std::fmt::Display for TileShape {
         if self.packing != TilePacking::WholeItems {
             write!(f, ", {} tiles", self.packing.name())?;
         }
-        match self.splits {
-            PrefixSplits::Whole => {}
-            PrefixSplits::Auto => write!(f, ", prefix split auto")?,
-            PrefixSplits::Parts(parts) => write!(f, ", prefix in {parts} parts")?,
+        if self.splits != PrefixSplits::Whole {
+            write!(f, ", {}", self.splits)?;
         }
         Ok(())
     }

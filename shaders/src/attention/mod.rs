@@ -258,12 +258,10 @@ impl<R: CubeRuntime> AttentionTiles<R> {
         if shape.packing != TilePacking::WholeItems {
             launched.push_str(&format!(", {} tiles", shape.packing.name()));
         }
-        if tile_loop == TileLoop::Flash {
+        if tile_loop == TileLoop::Flash && shape.splits != PrefixSplits::Whole {
             match (shape.splits, self.last_parts.load(Ordering::Relaxed)) {
-                (PrefixSplits::Whole, _) => {}
-                (PrefixSplits::Auto, 0) => launched.push_str(", prefix split auto"),
-                (PrefixSplits::Auto, parts) => launched.push_str(&format!(", prefix in {parts} part{} (auto, last launch)", if parts == 1 { "" } else { "s" })),
-                (PrefixSplits::Parts(parts), _) => launched.push_str(&format!(", prefix in {parts} parts")),
+                (PrefixSplits::Auto, parts) if parts > 0 => launched.push_str(&format!(", prefix in {parts} part{} (auto, last launch)", if parts == 1 { "" } else { "s" })),
+                (splits, _) => launched.push_str(&format!(", {splits}")),
             }
         }
         launched
