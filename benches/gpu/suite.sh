@@ -6,13 +6,15 @@
 #   TALLY_SUITE_DRY_RUN=1 benches/gpu/suite.sh   # here, on the CPU with the tiny preset
 #
 # Stages (TALLY_SUITE_STAGES, run in the order given; default all, the headline numbers first): env
-# scenario profile ncu peers attention fixtures kernels coldstart load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_MATMULS (cubecl cublas cublas-sync),
+# canary scenario profile ncu peers attention fixtures kernels coldstart load wgpu chart. TALLY_SUITE_DTYPES, TALLY_SUITE_MATMULS (cubecl cublas cublas-sync),
 # TALLY_SUITE_ATTENTIONS (flash tiled kernel cascade; the first is the one profiled and split),
 # TALLY_SUITE_TILES (the tile kernels' other tile shapes the attention stage times), TALLY_SUITE_SCENARIOS (s1 s2), TALLY_SUITE_CASES and
 # TALLY_SUITE_PEER_SCENARIOS narrow them, TALLY_SUITE_KERNEL_TESTS the kernel stage's test
 # executables (kernels kernels_f16 models_on_gpu; each cut at TALLY_SUITE_KERNEL_SECONDS, 240; TALLY_SUITE_KERNEL_SKIP leaves tests out). TALLY_SUITE_TILE_FLAGS adds flags to every command that
 # runs the tile kernels (e.g. "--fragment-loads elements" should ldmatrix fail on a machine).
-# TALLY_SUITE_FLASH_VARIANTS the flash kernel's variants timed beside its default (see below).
+# TALLY_SUITE_FLASH_VARIANTS the flash kernel's variants timed beside its default (see below);
+# the canary stage checks each on a small layer first (TALLY_SUITE_CANARY_SECONDS, 60), and the
+# scenario, profile and attention stages cut each run at TALLY_SUITE_RUN_SECONDS (120).
 # TALLY_SUITE_NCU_LAUNCHES (80) and TALLY_SUITE_NCU_SECONDS (300) bound the ncu stage,
 # TALLY_SUITE_NCU_VARIANT profiles one flash variant there instead of the defaults;
 # TALLY_SUITE_FIXTURE_DTYPES overrides TALLY_SUITE_DTYPES for the fixtures stage;
@@ -30,35 +32,11 @@ out=/tmp/tally-suite/results
 # TALLY_SUITE_KEEP=1 adds to the results of an earlier invocation on the same machine.
 [ "${TALLY_SUITE_KEEP:-0}" = 1 ] || rm -rf "$out"
 mkdir -p "$OUT" "$out"
-all_stages="env scenario profile ncu peers attention fixtures kernels coldstart load wgpu chart"
+all_stages="env canary scenario profile ncu peers attention fixtures kernels coldstart load wgpu chart"
 stages=${TALLY_SUITE_STAGES:-$all_stages}
 attentions=${TALLY_SUITE_ATTENTIONS:-flash tiled kernel cascade}
 scenarios=${TALLY_SUITE_SCENARIOS:-s1 s2}
 tiles=${TALLY_SUITE_TILES-64x16 128x32}  # empty: no sweep
-# The flash kernel's variants the attention and scenario stages time beside its default, as
-# NAME=FLAGS with the flags joined by commas. CUDA's default since the H200 run of 2026-11-27 is
-# 128x64 with cp.async staging, 32 rows a warp and denormals flushed; `filled` packs the tiles
-# full (S1: 1,264 cubes, five waves of two a SM on an H200, against 1,336 and six),
-# `split-barriers` waits on two barriers a buffer (its copies landed; its readers done) where the
-# default waits on one a step for the whole cube (session 41), and `warps12` is the tile that
-# keeps 12 warps an SM where the default keeps 8 (64 rows of 16 a warp, 32-key steps: 166
-# registers and 36 KB of shared memory a cube, three cubes an SM; filled, since a 32-token tile
-# holds one whole 20-token item; session 42). `ahead` multiplies the next
-# key step's scores during this step's softmax (three stages: FlashAttention-3's overlap within a
-# warp, which needs the scores' registers twice, so 16 rows a warp: 232 registers, 106 KB of
-# shared memory, one 8-warp cube an SM at 128 rows; filled, as one cube an SM leaves S1's 1,336
-# whole-item cubes 11 waves where 1,264 filled ones take 10: read it against `filled`), and
-# `ahead12` does so on warps12's tile (164 registers, 53 KB: three cubes, 12 warps, an SM;
-# session 46). Timed on 2026-11-27 and
-# dropped since: denormals kept (1.784 ms a layer against 1.531), 32-key steps at 128 rows (1.790
-# without flushing), the default before them (`--kv-staging registers --warp-rows 16
-# --flush-denormals false`, 1.634), and 16 rows a warp alone (`warp16`, 2026-11-27's `cp-async`
-# run at 7,866 items/s against 7,958; dropped in session 46 to leave the lease's first call its
-# time for `ahead` and `ahead12`). Since session 47 CUDA's default times these candidates at
-# start-up and keeps the fastest (`--tile-tuning auto`; the scenario's JSON and table say which):
-# `untuned` runs the static default (`--tile-tuning off`) in the scenario stage, which the
-# attention stage's default run already is (it times the tile its flags describe). Empty: none.
-flash_variants=${TALLY_SUITE_FLASH_VARIANTS-untuned=--tile-tuning,off filled=--tile-packing,filled split-barriers=--kv-staging,cp-async-split warps12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled ahead=--tile-stages,3,--warp-rows,16,--tile-packing,filled ahead12=--tile-rows,64,--tile-keys,32,--warp-rows,16,--tile-packing,filled,--tile-stages,3}
 dry=${TALLY_SUITE_DRY_RUN:-0}
 # Whether the word $1 is one of the words of $2.
 listed() { [[ " $2 " == *" $1 "* ]]; }
@@ -103,6 +81,65 @@ else
     export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
 fi
 
+# The flash kernel's variants the attention and scenario stages time beside its default, as
+# NAME=FLAGS with the flags joined by commas: `untuned`, the static default (`--tile-tuning off`;
+# since session 47 CUDA's default times the candidates below at start-up and keeps the fastest,
+# the scenario's JSON and table say which), then every other candidate that tuning times, as
+# `tally bench tile-candidates` names and spells them (server/src/tile_candidates.rs: the one
+# list, so the suite times what the tuning picks from). On CUDA since the H200 run of 2026-11-27
+# the default is 128x64 with cp.async staging, 32 rows a warp and denormals flushed; `filled`
+# packs the tiles full (S1: 1,264 cubes, five waves of two a SM on an H200, against 1,336 and
+# six), `split-barriers` waits on two barriers a buffer (its copies landed; its readers done)
+# where the default waits on one a step for the whole cube (session 41), and `warps12` is the
+# tile that keeps 12 warps an SM where the default keeps 8 (64 rows of 16 a warp, 32-key steps:
+# 166 registers and 36 KB of shared memory a cube, three cubes an SM; filled, since a 32-token
+# tile holds one whole 20-token item; session 42). `ahead` multiplies the next key step's scores
+# during this step's softmax (three stages: FlashAttention-3's overlap within a warp, which needs
+# the scores' registers twice, so 16 rows a warp: 232 registers, 106 KB of shared memory, one
+# 8-warp cube an SM at 128 rows; filled, as one cube an SM leaves S1's 1,336 whole-item cubes 11
+# waves where 1,264 filled ones take 10: read it against `filled`), and `ahead12` does so on
+# warps12's tile (164 registers, 53 KB: three cubes, 12 warps, an SM; session 46). Timed on
+# 2026-11-27 and dropped since: denormals kept (1.784 ms a layer against 1.531), 32-key steps at
+# 128 rows (1.790 without flushing), the default before them (`--kv-staging registers
+# --warp-rows 16 --flush-denormals false`, 1.634), and 16 rows a warp alone (`warp16`, 7,866
+# items/s against 7,958). TALLY_SUITE_FLASH_VARIANTS replaces the list; empty: none.
+candidate_variants() {
+    local name flags
+    "$cuda" bench tile-candidates --backend cuda | while read -r name flags; do
+        printf '%s=%s ' "$(variant_of "$name")" "${flags// /,}"
+    done
+}
+# The suite's name for a tuning candidate: the static default runs as `untuned`.
+variant_of() { [ "$1" = default ] && echo untuned || echo "$1"; }
+all_flash_variants=${TALLY_SUITE_FLASH_VARIANTS-$(candidate_variants)}
+flash_variants=$all_flash_variants
+all_tile_flags=("${tile_flags[@]}")
+
+# A benchmark's process cut at $1 seconds (killed 10 s later if it ignores the signal): a kernel
+# that hangs costs its run, not the call's minutes. The scenario, profile and attention stages'
+# runs: TALLY_SUITE_RUN_SECONDS (120; an S1 run took ~15-40 s on the H200, its first with the
+# tile tuning and the compiles).
+bounded() { local seconds=$1; shift; timeout -k 10 "$seconds" "$@"; }
+run_seconds=${TALLY_SUITE_RUN_SECONDS:-120}
+
+# What a canary (this call's, or a kept earlier call's) found: the flash variants that failed it
+# left out of every later stage, and every tile tuning narrowed to the candidates that passed
+# (`--tile-candidates`, in the flags of every command that runs the tile kernels).
+canary_failed() { listed "$1" "$(cat "$out/canary-failed" 2>/dev/null)"; }
+leave_out_failed_tiles() {
+    flash_variants=$all_flash_variants; tile_flags=("${all_tile_flags[@]}")
+    local failed name flags variant kept="" passed=""
+    failed=$(cat "$out/canary-failed" 2>/dev/null)
+    [ -n "${failed// /}" ] || return 0
+    for variant in $all_flash_variants; do listed "${variant%%=*}" "$failed" || kept+="$variant "; done
+    flash_variants=$kept
+    while read -r name flags; do
+        listed "$(variant_of "$name")" "$failed" || passed+="${passed:+,}$name"
+    done < <("$cuda" bench tile-candidates --backend cuda)
+    [ -z "$passed" ] || tile_flags+=(--tile-candidates "$passed")
+}
+leave_out_failed_tiles
+
 failures=0
 stage() { # stage NAME COMMAND...: runs one stage, logs it, records its status and time
     local name=$1; shift
@@ -112,6 +149,8 @@ stage() { # stage NAME COMMAND...: runs one stage, logs it, records its status a
     echo "=== $name: $status in $((SECONDS - start)) s" | tee -a "$out/suite.log"
     echo "{\"stage\":\"$name\",\"status\":\"$status\",\"seconds\":$((SECONDS - start))}" >>"$out/stages.jsonl"
     tar czf "$OUT/suite-results.tgz" -C "$out" .
+    # A stage runs in the pipeline's subshell: what a canary found reaches the stages after it here.
+    leave_out_failed_tiles
 }
 
 env_stage() {
@@ -120,6 +159,37 @@ env_stage() {
     python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())' 2>/dev/null || true
     "$cuda" --version
     echo "binaries built at $(cat .gpu/built-at 2>/dev/null || echo 'an unknown commit (not by prepare.sh)')"
+}
+
+# Every flash tile the later stages run (the static default and each variant) and the default
+# tile's prefix walk in four parts (`prefix-parts`: the split kernel and its merge, which the
+# attention stage's prefix-splits extra runs), first on one small layer against dense attention (`bench attention`: a 300-token prefix, five key steps of
+# CUDA's tile; 37 items of 17 tokens, so items across tile edges and a last tile part full), in
+# the last dtype (tensor cores on CUDA), each in its own process cut at
+# TALLY_SUITE_CANARY_SECONDS (60). The kernels of sessions 34-49 reached the 2026-11 leases
+# unrun on tensor cores; one that faults, hangs or disagrees would otherwise take a call's
+# minutes with it, since every start on the defaults times every candidate. The names that
+# fail go to canary-failed, which this call's later stages and a kept call's read
+# (`leave_out_failed_tiles`).
+canary_stage() {
+    local ok=0 variant name status failed=""
+    for variant in $all_flash_variants prefix-parts=--prefix-splits,4; do
+        name=${variant%%=*}
+        bounded ${TALLY_SUITE_CANARY_SECONDS:-60} "$cuda" bench attention --backend $gpu --dtype ${gpu_dtypes##* } --prefix 300 --items 37 --item-len 17 --iterations 1 \
+            "${all_tile_flags[@]}" $(variant_flags $variant) --routes flash >"$out/canary-$name.stdout" 2>&1
+        status=$?
+        if [ $status = 0 ]; then
+            echo "canary: $name agrees with dense attention"
+        else
+            echo "canary: $name failed (status $status$([ $status = 124 ] && echo ', cut'); canary-$name.stdout):"
+            tail -3 "$out/canary-$name.stdout"
+            failed+="$name "; ok=1
+        fi
+    done
+    echo "$failed" >"$out/canary-failed"
+    leave_out_failed_tiles
+    [ -z "$failed" ] || echo "canary: the later stages leave out ${failed% }; their flags: ${tile_flags[*]:-none}"
+    return $ok
 }
 
 fixtures_stage() {
@@ -166,28 +236,30 @@ attention_extras=${TALLY_SUITE_ATTENTION_EXTRAS-one-stage cascade-softmax cascad
 attention_stage() {
     local ok=0 last=${gpu_dtypes##* }
     for dtype in $gpu_dtypes; do
-        "$cuda" bench attention --backend $gpu --dtype $dtype --items $items "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" --out "$out/attention-$gpu-$dtype.json" || ok=1
+        bounded $run_seconds "$cuda" bench attention --backend $gpu --dtype $dtype --items $items "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" --out "$out/attention-$gpu-$dtype.json" || ok=1
     done
     for tile in $tiles; do
-        "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" \
+        bounded $run_seconds "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" \
             --tile-rows ${tile%x*} --tile-keys ${tile#*x} --routes tiled,flash --out "$out/attention-$gpu-$last-tile-$tile.json" || ok=1
     done
-    listed one-stage "$attention_extras" && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --tile-stages 1 --routes flash \
+    listed one-stage "$attention_extras" && { bounded $run_seconds "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --tile-stages 1 --routes flash \
         --out "$out/attention-$gpu-$last-one-stage.json" || ok=1; }
     # The cascade's softmax in Burn's ops (the first run above has tally's kernel where the
     # elementwise route is the kernels', CUDA's default).
-    listed cascade-softmax "$attention_extras" && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --elementwise burn --routes cascade \
+    listed cascade-softmax "$attention_extras" && { bounded $run_seconds "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --elementwise burn --routes cascade \
         --out "$out/attention-$gpu-$last-cascade-burn-softmax.json" || ok=1; }
     # Its scores rounded to the model's dtype (half the bytes; the first run has cuBLASLt's
     # float32 accumulators as they are).
-    listed cascade-scores "$attention_extras" && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --cascade-scores model --routes cascade \
+    listed cascade-scores "$attention_extras" && { bounded $run_seconds "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --cascade-scores model --routes cascade \
         --out "$out/attention-$gpu-$last-cascade-model-scores.json" || ok=1; }
-    listed element-loads "$attention_extras" && { "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --fragment-loads elements --routes tiled,flash \
+    listed element-loads "$attention_extras" && { bounded $run_seconds "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations --fragment-loads elements --routes tiled,flash \
         --out "$out/attention-$gpu-$last-element-loads.json" || ok=1; }
-    if listed prefix-splits "$attention_extras"; then
+    if listed prefix-splits "$attention_extras" && canary_failed prefix-parts; then
+        echo "attention: no prefix-splits runs (the canary failed the split walk)"; ok=1
+    elif listed prefix-splits "$attention_extras"; then
         for few in 10 100; do
             for splits in whole auto; do
-                "$cuda" bench attention --backend $gpu --dtype $last --items $few "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" --prefix-splits $splits --routes flash \
+                bounded $run_seconds "$cuda" bench attention --backend $gpu --dtype $last --items $few "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" --prefix-splits $splits --routes flash \
                     --out "$out/attention-$gpu-$last-items$few-prefix-$splits.json" || ok=1
             done
         done
@@ -195,7 +267,7 @@ attention_stage() {
     for variant in $flash_variants; do
         # `bench attention` never tunes: its default run is the untuned tile already.
         [ "${variant%%=*}" = untuned ] && continue
-        "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" $(variant_flags $variant) --routes flash \
+        bounded $run_seconds "$cuda" bench attention --backend $gpu --dtype $last --items $items "${attention_shape[@]}" --iterations $iterations "${tile_flags[@]}" $(variant_flags $variant) --routes flash \
             --out "$out/attention-$gpu-$last-${variant%%=*}.json" || ok=1
     done
     return $ok
@@ -230,27 +302,27 @@ scenario_stage() {
         for s in $scenarios; do
             for matmul in $matmuls; do
                 for attention in $attentions; do
-                    "$cuda" bench scenario --model $model --scenario $s --items $items --requests $requests --backend $gpu --dtype $dtype \
+                    bounded $run_seconds "$cuda" bench scenario --model $model --scenario $s --items $items --requests $requests --backend $gpu --dtype $dtype \
                         --attention $attention $(matmul_flags $matmul) "${tile_flags[@]}" --out "$out/scenario-$s-$gpu-$dtype-$attention-$matmul.json" || ok=1
                 done
             done
         done
         for matmul in $matmuls; do
-            listed split "$scenario_extras" && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+            listed split "$scenario_extras" && { bounded $run_seconds "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --max-batch-tokens $split_tokens \
                 --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-$split_tokens-tokens.json" || ok=1; }
-            listed elementwise-burn "$scenario_extras" && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+            listed elementwise-burn "$scenario_extras" && { bounded $run_seconds "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --elementwise burn \
                 --out "$out/scenario-s1-$gpu-$dtype-$first_attention-$matmul-elementwise-burn.json" || ok=1; }
             if listed fusion "$scenario_extras" && [ "$dry" = 1 ]; then
                 # The CPU has no fusion layer: the rehearsal checks the flag is refused clearly.
-                if "$cuda" bench scenario --model $model --scenario s1 --items $items --requests 1 --backend $gpu --fusion on >"$out/fusion-refused.stdout" 2>&1; then
+                if bounded $run_seconds "$cuda" bench scenario --model $model --scenario s1 --items $items --requests 1 --backend $gpu --fusion on >"$out/fusion-refused.stdout" 2>&1; then
                     echo "--fusion on ran on the CPU"; ok=1
                 fi
                 grep "the CPU backend has no fusion layer" "$out/fusion-refused.stdout" || ok=1
             elif listed fusion "$scenario_extras"; then
                 for s in $scenarios; do
-                    "$cuda" bench scenario --model $model --scenario $s --items $items --requests $requests --backend $gpu --dtype $dtype \
+                    bounded $run_seconds "$cuda" bench scenario --model $model --scenario $s --items $items --requests $requests --backend $gpu --dtype $dtype \
                         --attention $first_attention $(matmul_flags $matmul) "${tile_flags[@]}" --fusion on \
                         --out "$out/scenario-$s-$gpu-$dtype-$first_attention-$matmul-fused.json" || ok=1
                 done
@@ -258,17 +330,17 @@ scenario_stage() {
             # The flash kernel's variants (cp.async, 32 rows a warp) against its default.
             if [ "$first_attention" = flash ]; then
                 for variant in $flash_variants; do
-                    "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype --attention flash $(matmul_flags $matmul) \
+                    bounded $run_seconds "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype --attention flash $(matmul_flags $matmul) \
                         "${tile_flags[@]}" $(variant_flags $variant) --out "$out/scenario-s1-$gpu-$dtype-flash-$matmul-${variant%%=*}.json" || ok=1
                 done
             fi
             # cuBLASLt on CubeCL's stream against the same GEMMs with host syncs around each.
-            [ "$matmul" = cublas ] && listed cublas-sync "$scenario_extras" && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+            [ "$matmul" = cublas ] && listed cublas-sync "$scenario_extras" && { bounded $run_seconds "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention $(matmul_flags cublas-sync) "${tile_flags[@]}" --out "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-sync.json" || ok=1; }
-            listed cascade "$scenario_extras" && ! listed cascade "$attentions" && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+            listed cascade "$scenario_extras" && ! listed cascade "$attentions" && { bounded $run_seconds "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention cascade $(matmul_flags $matmul) --out "$out/scenario-s1-$gpu-$dtype-cascade-$matmul.json" \
                 | tee "$out/scenario-s1-$gpu-$dtype-cascade-$matmul.stdout" || ok=1; }
-            [ "$matmul" = cublas ] && listed cublas-algos "$scenario_extras" && { "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
+            [ "$matmul" = cublas ] && listed cublas-algos "$scenario_extras" && { bounded $run_seconds "$cuda" bench scenario --model $model --scenario s1 --items $items --requests $requests --backend $gpu --dtype $dtype \
                 --attention $first_attention --matmul cublas --cublas-algos 8 "${tile_flags[@]}" --out "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-algos8.json" \
                 | tee "$out/scenario-s1-$gpu-$dtype-$first_attention-cublas-algos8.stdout" || ok=1; }
         done
@@ -290,7 +362,7 @@ profile_stage() {
         for matmul in $matmuls; do
             local name=profile-$scenario-$gpu-$dtype-$attention-$matmul
             local upper=$(echo $scenario | tr a-z A-Z)
-            CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG=$bin/$name.log "$cuda" bench scenario --model $model --scenario $scenario --items $items --requests 2 --profiled-request \
+            CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG=$bin/$name.log bounded $run_seconds "$cuda" bench scenario --model $model --scenario $scenario --items $items --requests 2 --profiled-request \
                 --backend $gpu --dtype $dtype --attention $attention $(matmul_flags $matmul) "${tile_flags[@]}" >"$out/$name.stdout" || ok=1
             python3 benches/gpu/profile_table.py $bin/$name.log --stdout "$out/$name.stdout" --warm-json "$out/scenario-$scenario-$gpu-$dtype-$attention-$matmul.json" --title "$upper, one warm request, $gpu $dtype, $attention attention, $matmul matmuls" --out "$out/$name.md" \
                 || { ok=1; tail -c 200000 $bin/$name.log >"$out/$name.log-tail"; }
@@ -474,11 +546,16 @@ load_at() {
         label=("--server-label=$*")
         suffix=$(echo "$*" | tr -s ' ' '-' | sed 's/--*/-/g')
     fi
-    "$cuda" serve --model $model --backend $gpu --dtype $load_dtype $(matmul_flags ${matmuls%% *}) --port $port --max-queue 100000 --max-connections 4096 "$@" >"$out/serve$suffix.log" 2>&1 &
+    "$cuda" serve --model $model --backend $gpu --dtype $load_dtype $(matmul_flags ${matmuls%% *}) "${tile_flags[@]}" --port $port --max-queue 100000 --max-connections 4096 "$@" >"$out/serve$suffix.log" 2>&1 &
     local server=$!
-    # The server listens once its warm-up (every pass shape compiled and tuned) is done.
-    for _ in $(seq 1200); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
-    curl -sf localhost:$port/health >/dev/null || { echo "load: the server did not come up (serve$suffix.log)"; ok=1; }
+    # The server listens once its warm-up (every pass shape compiled and tuned) is done: 4 s on
+    # 2026-11-27's caches, 15 s cold on 2026-11-26; a server that exits or hangs costs 2 minutes.
+    for _ in $(seq 240); do curl -sf localhost:$port/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 0.5; done
+    if ! curl -sf localhost:$port/health >/dev/null; then
+        echo "load: the server did not come up (serve$suffix.log)"; tail -3 "$out/serve$suffix.log"
+        kill -KILL $server 2>/dev/null; wait $server
+        return 1
+    fi
     grep -h "warmed up in" "$out/serve$suffix.log"
     local before=$bin/load-warmed$suffix.metrics
     curl -sf localhost:$port/metrics >"$before"

@@ -4,6 +4,8 @@
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 
+use crate::tile_candidates::{self, TileCandidate};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
     /// CPU through burn-ndarray.
@@ -227,6 +229,13 @@ pub struct DeviceArgs {
     /// (`$XDG_CACHE_HOME/tally/flash-tiles.json`), which take it untimed; `retime` times again.
     #[arg(long, value_enum, default_value_t = TileTuning::Auto)]
     pub tile_tuning: TileTuning,
+    /// The candidates a tuning times, by name, joined by commas (default: all the backend's,
+    /// which `tally bench tile-candidates` lists with the flags that run each alone): on CUDA
+    /// default, filled, split-barriers, ahead, warps12, ahead12; elsewhere default, filled,
+    /// square. The first named that the backend tries is the reference the others are checked
+    /// against and the one kept unless another is faster by a margin.
+    #[arg(long, value_parser = tile_candidates::candidate_names)]
+    pub tile_candidates: Option<tile_candidates::CandidateNames>,
     /// Compile the CUDA kernels with single-precision denormals flushed to zero (NVRTC
     /// `--ftz=true`): the attention softmax's exponentials lose their denormal fix-up. On by
     /// default on CUDA (`--flush-denormals false` keeps them); other backends have no such option.
@@ -431,23 +440,11 @@ impl DeviceArgs {
         }
     }
 
-    /// The tiles a tuning times, [`Self::tile`] first (the one kept unless another is faster by
-    /// a margin). On CUDA the GPU suite's flash variants: filled tiles (fewer cubes, so fewer
-    /// waves), two barriers a buffer, three stages on filled tiles with 16 rows a warp, and the
-    /// 64 x 32 tile that keeps 12 warps an SM, with two stages and three. Elsewhere filled
-    /// tiles and a 32 x 32 tile.
-    pub fn tile_candidates(&self) -> Vec<tally_model::TileShape> {
-        use tally_model::{KvStaging as Staging, TilePacking as Packing, TileShape};
-        let default = self.tile();
-        let filled = default.with_packing(Packing::Filled);
-        if self.backend != BackendKind::Cuda {
-            let square = TileShape::new(32, 32).expect("a built shape").with_loads(default.loads);
-            return vec![default, filled, square];
-        }
-        let sixteen_rows = |shape: TileShape| shape.with_warp_rows(16).expect("every tile holds warps of 16 rows");
-        let three_stages = |shape: TileShape| shape.with_stages(3).expect("a built shape");
-        let twelve_warps = sixteen_rows(TileShape::new(64, 32).expect("a built shape").with_loads(default.loads).with_staging(default.staging).with_packing(Packing::Filled));
-        vec![default, filled, default.with_staging(Staging::CopyAsyncSplit), three_stages(sixteen_rows(filled)), twelve_warps, three_stages(twelve_warps)]
+    /// The tiles a tuning times ([`tile_candidates::candidates`]), [`Self::tile`] first,
+    /// narrowed to those `--tile-candidates` names.
+    pub fn tuning_candidates(&self) -> Result<Vec<TileCandidate>> {
+        let backend = format!("{:?}", self.backend).to_lowercase();
+        tile_candidates::select(tile_candidates::candidates(self.tile(), self.backend == BackendKind::Cuda), self.tile_candidates, &backend)
     }
 }
 
@@ -600,6 +597,7 @@ mod tests {
             tile_packing: None,
             prefix_splits: None,
             tile_tuning: TileTuning::Auto,
+            tile_candidates: None,
             flush_denormals: None,
         }
     }
@@ -683,7 +681,7 @@ mod tests {
         assert!(!DeviceArgs { attention: Attention::Cascade, tile_tuning: TileTuning::Retime, ..wgpu }.tunes_tile(), "retime times the flash kernel's tiles only");
         assert!(!DeviceArgs { attention: Attention::Flash, tile_tuning: TileTuning::On, ..auto(BackendKind::Cpu) }.tunes_tile());
 
-        let names: Vec<String> = cuda.tile_candidates().iter().map(ToString::to_string).collect();
+        let names: Vec<String> = cuda.tuning_candidates().unwrap().iter().map(|candidate| candidate.tile.to_string()).collect();
         assert_eq!(
             names,
             [
@@ -695,7 +693,7 @@ mod tests {
                 "64x32, 3 stages, ldmatrix, cp-async, filled tiles",
             ]
         );
-        let names: Vec<String> = wgpu.tile_candidates().iter().map(ToString::to_string).collect();
+        let names: Vec<String> = wgpu.tuning_candidates().unwrap().iter().map(|candidate| candidate.tile.to_string()).collect();
         assert_eq!(names, ["64x16, 2 stages, ldmatrix", "64x16, 2 stages, ldmatrix, filled tiles", "32x32, 2 stages, ldmatrix"]);
     }
 

@@ -27,6 +27,12 @@ pub fn run(command: BenchCommand) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&result)?);
             write_json(out.as_deref(), &result)
         }
+        BenchCommand::TileCandidates(device) => {
+            for candidate in device.tuning_candidates()? {
+                println!("{} {}", candidate.name, crate::tile_candidates::flags(candidate.tile, device.tile()).join(" "));
+            }
+            Ok(())
+        }
     }
 }
 

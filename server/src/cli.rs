@@ -57,6 +57,10 @@ pub enum BenchCommand {
     Soak(tally_bench::soak::SoakArgs),
     /// A PNG chart of a folder of results: scenarios beside the PyTorch peers, load's P99 latency.
     Chart(tally_bench::chart::ChartArgs),
+    /// The flash tiles `--tile-tuning` times on this backend (narrowed by `--tile-candidates`),
+    /// a line each: its name, then the flags that run it alone, untimed (the GPU suite's flash
+    /// variants).
+    TileCandidates(DeviceArgs),
 }
 
 /// `tally bench scenario`: the benchmark's flags and the backend's.

@@ -68,7 +68,7 @@ pub fn load_scorer<B: ScoringBackend>(model: &Path, device: &B::Device, prefix_c
 /// ([`TilePicks`]), else (or with `--tile-tuning retime`) the candidates timed now and the pick
 /// kept for later starts.
 fn pick_flash_tile<B: ScoringBackend>(scorer: &mut Scorer<B>, flags: &DeviceArgs) -> Result<()> {
-    let candidates = flags.tile_candidates();
+    let candidates: Vec<_> = flags.tuning_candidates()?.into_iter().map(|candidate| candidate.tile).collect();
     let shape = scorer.flash_tuning_shape();
     let key = TilePicks::key(&device_name(flags.backend), &format!("{:?}", flags.dtype), &shape, &candidates);
     let mut picks = TilePicks::default_path().map(TilePicks::open);

@@ -10,6 +10,7 @@ mod loading;
 mod make_model;
 mod score;
 mod serve;
+mod tile_candidates;
 mod tile_picks;
 
 use std::process::ExitCode;
