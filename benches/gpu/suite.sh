@@ -163,19 +163,20 @@ env_stage() {
 
 # Every flash tile the later stages run (the static default and each variant) and the default
 # tile's prefix walk in four parts (`prefix-parts`: the split kernel and its merge, which the
-# attention stage's prefix-splits extra runs), first on one small layer against dense attention (`bench attention`: a 300-token prefix, five key steps of
-# CUDA's tile; 37 items of 17 tokens, so items across tile edges and a last tile part full), in
-# the last dtype (tensor cores on CUDA), each in its own process cut at
-# TALLY_SUITE_CANARY_SECONDS (60). The kernels of sessions 34-49 reached the 2026-11 leases
-# unrun on tensor cores; one that faults, hangs or disagrees would otherwise take a call's
-# minutes with it, since every start on the defaults times every candidate. The names that
-# fail go to canary-failed, which this call's later stages and a kept call's read
-# (`leave_out_failed_tiles`).
+# attention stage's prefix-splits extra runs), first on one small layer against dense attention
+# (`bench attention`: a 300-token prefix, five key steps of CUDA's tile; 37 items of 17 tokens,
+# so items across tile edges and a last tile part full), in the last dtype (tensor cores on
+# CUDA), each in its own process cut at TALLY_SUITE_CANARY_SECONDS (60), its dense matmuls
+# autotuned at the minimal level (correctness only). A kernel changed since the last lease
+# reaches the next one unrun on tensor cores (sessions 34-49's all did); one that faults, hangs
+# or disagrees would otherwise take a call's minutes with it, since every start on the defaults
+# times every candidate. The names that fail go to canary-failed, which this call's later stages
+# and a kept call's read (`leave_out_failed_tiles`).
 canary_stage() {
     local ok=0 variant name status failed=""
     for variant in $all_flash_variants prefix-parts=--prefix-splits,4; do
         name=${variant%%=*}
-        bounded ${TALLY_SUITE_CANARY_SECONDS:-60} "$cuda" bench attention --backend $gpu --dtype ${gpu_dtypes##* } --prefix 300 --items 37 --item-len 17 --iterations 1 \
+        CUBECL_AUTOTUNE_LEVEL=minimal bounded ${TALLY_SUITE_CANARY_SECONDS:-60} "$cuda" bench attention --backend $gpu --dtype ${gpu_dtypes##* } --prefix 300 --items 37 --item-len 17 --iterations 1 \
             "${all_tile_flags[@]}" $(variant_flags $variant) --routes flash >"$out/canary-$name.stdout" 2>&1
         status=$?
         if [ $status = 0 ]; then
