@@ -11,6 +11,10 @@ pub const SCENARIO_GOALS: [(&str, f64); 2] = [("s1", 10_000.0), ("s2", 15_000.0)
 /// One layer's attention at S1's shape (issue: ≤ 0.9 ms, ≥ 200 TFLOP/s useful).
 pub const ATTENTION_GOAL_MS: f64 = 0.9;
 pub const LOAD_P99_BAR_MS: f64 = 500.0;
+/// `tally serve` ready (listening after its warm-up) from empty caches, and from the caches an
+/// earlier start left (issue: ≤ 60 s cold, ≤ 10 s warm-cached).
+pub const COLD_START_GOAL_S: f64 = 60.0;
+pub const CACHED_START_GOAL_S: f64 = 10.0;
 
 /// One bar: a run's items/s on one scenario.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,6 +61,20 @@ pub struct LoadPoint {
     pub server_label: Option<String>,
 }
 
+/// One `tally serve` start (the suite's coldstart stage, and each server its load stage starts):
+/// how long until it answered `/health`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerStart {
+    /// The server's routes and what its caches held (`empty`: compiles and autotuning from
+    /// scratch).
+    pub label: String,
+    pub seconds: f64,
+    /// Of which the warm-up, as its log says (absent where it did not).
+    pub warm_up_seconds: Option<f64>,
+    /// [`COLD_START_GOAL_S`] from empty caches, else [`CACHED_START_GOAL_S`].
+    pub goal_seconds: f64,
+}
+
 /// One fixture run: every case of one route against its float64 reference.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FixtureRun {
@@ -78,6 +96,8 @@ pub struct Results {
     pub load: Vec<LoadPoint>,
     /// Each fixture run (`benches/gpu/check_fixtures.py`), in file order.
     pub fixtures: Vec<FixtureRun>,
+    /// Each server start timed, in file order.
+    pub starts: Vec<ServerStart>,
     /// The device line of the first result that names one.
     pub device: Option<String>,
 }
@@ -154,6 +174,14 @@ impl Results {
             Some("load") => {
                 if let (Some(rate), Some(p99)) = (result["items_per_second"].as_f64(), result["latency_ms"]["p99"].as_f64()) {
                     self.load.push(LoadPoint { items_per_second: rate, p99_ms: p99, server_label: result["server_label"].as_str().map(str::to_owned) });
+                }
+            }
+            Some("coldstart") => {
+                if let Some(seconds) = result["seconds_to_ready"].as_f64() {
+                    let caches = text("caches");
+                    let goal_seconds = if caches == "empty" { COLD_START_GOAL_S } else { CACHED_START_GOAL_S };
+                    let label = format!("{} {}, {}, {caches} caches", text("backend"), short_dtype(&text("dtype")), text("routes"));
+                    self.starts.push(ServerStart { label, seconds, warm_up_seconds: result["warm_up_seconds"].as_f64(), goal_seconds });
                 }
             }
             Some(name) if name.starts_with("PyTorch peers") => {
@@ -255,6 +283,8 @@ pub(crate) mod test_folders {
             ("fixtures-cuda-bfloat16-flash-cublas.json", json!({"backend": "cuda", "dtype": "bfloat16", "attention": "flash", "matmul": "cublas", "elementwise": "burn", "tolerance": 0.03, "cases": [{"case": "a", "reference_rel_error": 0.004, "single_reference_rel_error": 0.006, "ok": true}, {"case": "b", "reference_rel_error": 0.02, "single_reference_rel_error": 0.05, "ok": false}, {"case": "c", "error": "HTTP 500", "ok": false}], "failed": 2})),
             ("attention-few-items.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "64x16, 2 stages, ldmatrix", "shape": {"items": 10}, "flash_ms": 0.05, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
             ("attention-tile.json", json!({"benchmark": "multi-item attention, one layer", "dtype": "bfloat16", "tile": "128x32, 2 stages, ldmatrix", "multi_item_ms": 14.9, "flash_ms": 0.6, "flash_tflops": 277.3, "launched": {"flash": "flash, tensor cores, ldmatrix, 2 stages"}})),
+            ("coldstart-defaults-empty.json", json!({"benchmark": "coldstart", "routes": "defaults", "caches": "empty", "seconds_to_ready": 15.0, "warm_up_seconds": 8.2, "backend": "cuda", "dtype": "bfloat16"})),
+            ("coldstart-load-server.json", json!({"benchmark": "coldstart", "routes": "defaults", "caches": "kept", "seconds_to_ready": 10.6, "backend": "cuda", "dtype": "bfloat16"})),
         ])
     }
 }
@@ -292,6 +322,9 @@ mod tests {
         // A case that could not run counts against the passes, not in the worst error; a
         // per-item score's error counts as a packed one's does (case b's 0.05).
         assert_eq!(results.fixtures, [FixtureRun { label: "cuda bf16 flash cublas burn".into(), passed: 1, cases: 3, worst_error: 0.05, tolerance: 0.03 }]);
+        // From empty caches the cold goal, from kept ones the cached goal.
+        let start = |label: &str, seconds, warm_up_seconds, goal_seconds| ServerStart { label: label.into(), seconds, warm_up_seconds, goal_seconds };
+        assert_eq!(results.starts, [start("cuda bf16, defaults, empty caches", 15.0, Some(8.2), 60.0), start("cuda bf16, defaults, kept caches", 10.6, None, 10.0)]);
     }
 
     #[test]

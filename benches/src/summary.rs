@@ -1,7 +1,8 @@
 //! A results folder as one markdown table: each scenario's runs best first, tally's against the
 //! best PyTorch peer measured in the same run; one layer's attention per route; each fixture run;
-//! `bench load`'s points. `tally bench chart` prints it after the PNG, so it is the last thing
-//! the GPU suite prints — what a short GPU lease shows first.
+//! `bench load`'s points; how long each `tally serve` timed took to be ready. `tally bench
+//! chart` prints it after the PNG, so it is the last thing the GPU suite prints — what a short
+//! GPU lease shows first.
 
 use std::fmt::Write;
 
@@ -52,7 +53,16 @@ pub fn table(results: &Results) -> String {
         }
         out.push('\n');
     }
-    if results.bars.is_empty() && results.attention.is_empty() && results.fixtures.is_empty() && results.load.is_empty() {
+    if !results.starts.is_empty() {
+        let _ = writeln!(out, "| tally serve: backend, dtype, routes, caches | ready in s | of which warm-up | goal s |\n|---|---:|---:|---:|");
+        for start in &results.starts {
+            let mark = if start.seconds <= start.goal_seconds { "" } else { " ✗" };
+            let warm_up = start.warm_up_seconds.map_or("—".to_owned(), |seconds| format!("{seconds:.1}"));
+            let _ = writeln!(out, "| {} | {:.1}{mark} | {warm_up} | {:.0} |", start.label, start.seconds, start.goal_seconds);
+        }
+        out.push('\n');
+    }
+    if results.bars.is_empty() && results.attention.is_empty() && results.fixtures.is_empty() && results.load.is_empty() && results.starts.is_empty() {
         out.push_str("no results\n");
     }
     out
@@ -95,6 +105,7 @@ mod tests {
         assert!(table.contains("| kernel bf16: kernel | 14.900 | — |"), "{table}");
         assert!(table.contains("| cuda bf16 flash cublas burn | 1/3 ✗ | 5.0e-2 | 3e-2 |"), "{table}");
         assert!(table.contains("| 1,000 | 120 | defaults |\n| 2,500 | 700 | --no-overlap |\n| 3,000 | 400 | defaults |"), "{table}");
+        assert!(table.contains("| cuda bf16, defaults, empty caches | 15.0 | 8.2 | 60 |\n| cuda bf16, defaults, kept caches | 10.6 ✗ | — | 10 |"), "{table}");
     }
 
     #[test]
