@@ -1,5 +1,6 @@
-//! Every bad input to `tally score` gets a one-line message on stderr and a non-zero exit,
-//! never a panic. Broken model directories name the file or tensor at fault.
+//! Every bad input to `tally score` (and a tile candidate that does not exist) gets a one-line
+//! message on stderr and a non-zero exit, never a panic. Broken model directories name the file
+//! or tensor at fault.
 
 mod common;
 
@@ -76,6 +77,24 @@ fn unsupported_backend_and_dtype_pairs_are_refused() {
         assert!(!out.status.success());
         assert!(String::from_utf8_lossy(&out.stderr).contains("--flush-denormals is an NVRTC option: it needs --backend cuda"));
     }
+}
+
+/// `--tile-candidates` names the tiles a tuning times: a name no backend has is refused as the
+/// flags are read, one the backend does not try where its candidates are listed.
+#[test]
+fn tile_candidates_that_do_not_exist_are_named() {
+    let out = tally(&["bench", "tile-candidates", "--backend", "cuda", "--tile-candidates", "filled,wide"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains("`wide` is not a tile candidate (they are: default, filled, split-barriers, ahead, warps12, ahead12, square)"), "{stderr}");
+    let out = tally(&["bench", "tile-candidates", "--backend", "cuda", "--tile-candidates", "square"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains("`square` is not one of cuda's tile candidates (default, filled, split-barriers, ahead, warps12, ahead12)"), "{stderr}");
+    assert!(out.stdout.is_empty(), "listed candidates after all: {}", String::from_utf8_lossy(&out.stdout));
+    let out = tally(&["bench", "tile-candidates", "--backend", "wgpu", "--tile-candidates", "square"], "");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "square --tile-rows 32 --tile-keys 32\n");
 }
 
 #[test]
