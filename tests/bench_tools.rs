@@ -1,5 +1,6 @@
-//! `tally make-model`, `tally bench scenario` and `tally bench soak`: the benchmark harness runs on
-//! CPU with small shapes, so GPU sessions only have to run it.
+//! `tally make-model`, `tally bench scenario` and `tally bench soak`, the GPU suite's canary and
+//! the scripts that tabulate its profiles: the benchmark harness runs on the CPU with small
+//! shapes, so GPU sessions only have to run it.
 
 mod common;
 
@@ -33,6 +34,40 @@ fn make_model_writes_a_loadable_checkpoint_and_the_scenario_bench_runs_on_it() {
     let warm = ["warm_prefill_tokens_per_request", "warm_prefill_passes_per_request", "warm_item_passes_per_request"].map(|key| result[key].clone());
     assert_eq!(warm, [json!(10.0), json!(0.0), json!(1.0)]);
     assert!(report.contains("a warm request: 10 query tokens prefilled, 0.0 prefill passes, 1.0 item passes"), "{report}");
+}
+
+/// The GPU suite's canary, rehearsed on the CPU: a flash variant that cannot run fails it, and
+/// the scenario stage after it leaves that variant out and narrows every tuning to the
+/// candidates that passed; that stage passes, and the suite's exit counts the canary alone.
+#[test]
+fn the_gpu_suites_canary_leaves_a_failing_tile_out_of_the_later_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/gpu/suite.sh");
+    let run = std::process::Command::new(suite)
+        .envs([
+            ("TALLY_SUITE_DRY_RUN", "1"),
+            ("TALLY_BIN", env!("CARGO_BIN_EXE_tally")),
+            ("TALLY_SUITE_WORK", dir.path().join("work").to_str().unwrap()),
+            ("OUT", dir.path().join("out").to_str().unwrap()),
+            ("TALLY_SUITE_STAGES", "canary scenario"),
+            ("TALLY_SUITE_SCENARIOS", "s1"),
+            ("TALLY_SUITE_ATTENTIONS", "flash"),
+            ("TALLY_SUITE_SCENARIO_EXTRAS", ""),
+            // warps12 under a tile size no build has: it cannot run.
+            ("TALLY_SUITE_FLASH_VARIANTS", "untuned=--tile-tuning,off filled=--tile-packing,filled warps12=--tile-rows,17"),
+        ])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&run.stdout);
+    assert_eq!(run.status.code(), Some(1), "one stage failed, the canary: {log}");
+    assert!(log.contains("canary: warps12 failed") && log.contains("canary: filled agrees with dense attention"), "{log}");
+    assert!(log.contains("canary: the later stages leave out warps12; their flags: --tile-candidates default,filled,split-barriers,ahead,ahead12"), "{log}");
+    let results = dir.path().join("work/results");
+    let stages = std::fs::read_to_string(results.join("stages.jsonl")).unwrap();
+    assert!(stages.contains(r#""stage":"canary","status":"failed""#) && stages.contains(r#""stage":"scenario","status":"ok""#), "{stages}");
+    let scenario = |variant: &str| results.join(format!("scenario-s1-cpu-float32-flash-cubecl-{variant}.json"));
+    assert!(scenario("untuned").is_file() && scenario("filled").is_file(), "{log}");
+    assert!(!scenario("warps12").exists(), "the failed variant ran after all: {log}");
 }
 
 #[test]

@@ -25,10 +25,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
-# Results gather in $results; after every stage they are packed into $OUT/suite-results.tgz
-# (the device tool returns at most 8 files, so one archive; a stage cut off still leaves the rest).
+# The suite's binaries, model and results live under TALLY_SUITE_WORK (/tmp/tally-suite). Results
+# gather in $out; after every stage they are packed into $OUT/suite-results.tgz (the device tool
+# returns at most 8 files, so one archive; a stage cut off still leaves the rest).
 OUT=${OUT:-$repo/target/gpu-suite}
-out=/tmp/tally-suite/results
+bin=${TALLY_SUITE_WORK:-/tmp/tally-suite}
+out=$bin/results
 # TALLY_SUITE_KEEP=1 adds to the results of an earlier invocation on the same machine.
 [ "${TALLY_SUITE_KEEP:-0}" = 1 ] || rm -rf "$out"
 mkdir -p "$OUT" "$out"
@@ -46,8 +48,6 @@ variant_flags() {
     echo "${flags//,/ }"
 }
 read -r -a tile_flags <<<"${TALLY_SUITE_TILE_FLAGS:-}"
-bin=/tmp/tally-suite
-mkdir -p $bin
 
 if [ "$dry" = 1 ]; then
     # The CPU rehearsal: the same stages and commands, the tiny preset, the CPU backend.
@@ -278,7 +278,7 @@ attention_stage() {
 # (`--cublas-ordering sync`) where `cublas` enqueues on CubeCL's own stream.
 matmul_flags() { case $1 in cublas-sync) echo "--matmul cublas --cublas-ordering sync" ;; *) echo "--matmul $1" ;; esac; }
 
-model=/tmp/tally-suite/model-$preset
+model=$bin/model-$preset
 make_model() { [ -f $model/config.json ] || "$cuda" make-model --preset $preset --out $model >/dev/null; }
 
 # Every route combination (matmul × attention) on each scenario (on CUDA the pass budget comes from
