@@ -112,6 +112,8 @@ candidate_variants() {
 # The suite's name for a tuning candidate: the static default runs as `untuned`.
 variant_of() { [ "$1" = default ] && echo untuned || echo "$1"; }
 all_flash_variants=${TALLY_SUITE_FLASH_VARIANTS-$(candidate_variants)}
+[ -n "${TALLY_SUITE_FLASH_VARIANTS+set}" ] || [ -n "$all_flash_variants" ] ||
+    echo "suite: $cuda lists no tile candidates (bench tile-candidates failed): no flash variants, no canary" >&2
 flash_variants=$all_flash_variants
 all_tile_flags=("${tile_flags[@]}")
 
