@@ -113,7 +113,7 @@ candidate_variants() {
 variant_of() { [ "$1" = default ] && echo untuned || echo "$1"; }
 all_flash_variants=${TALLY_SUITE_FLASH_VARIANTS-$(candidate_variants)}
 [ -n "${TALLY_SUITE_FLASH_VARIANTS+set}" ] || [ -n "$all_flash_variants" ] ||
-    echo "suite: $cuda lists no tile candidates (bench tile-candidates failed): no flash variants, no canary" >&2
+    echo "suite: $cuda lists no tile candidates (bench tile-candidates failed): no flash variants to time or check" >&2
 flash_variants=$all_flash_variants
 all_tile_flags=("${tile_flags[@]}")
 
