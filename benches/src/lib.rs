@@ -7,13 +7,15 @@
 //! - [`attention`]: one layer's multi-item attention per route against dense-masked attention.
 //! - [`child_server`]: `tally serve` as a child process (soak and the end-to-end tests use it).
 //! - [`results`]: a results folder read; [`chart`] draws it as a PNG (scenarios beside the
-//!   PyTorch peers, attention per route, load's P99), [`summary`] prints it as one table.
+//!   PyTorch peers, attention per route, load's P99), [`summary`] prints it as one table,
+//!   [`goals`] first: the issues' goals it has a number for, met or how far off.
 //! - [`request_shape`]: the requests `load` and `soak` send; [`rng`], [`report`], [`timing`]:
 //!   what the benchmarks share.
 
 pub mod attention;
 pub mod chart;
 pub mod child_server;
+pub mod goals;
 pub mod load;
 pub mod report;
 pub mod request_shape;

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde_json::Value;
+use tally_engine::tile_tuning::s1;
 
 /// The goals (H100, Qwen3-0.6B shape, bf16), drawn as lines.
 pub const SCENARIO_GOALS: [(&str, f64); 2] = [("s1", 10_000.0), ("s2", 15_000.0)];
@@ -49,6 +50,10 @@ pub struct AttentionBar {
     pub ms: f64,
     /// The useful work's rate (the FLOPs of each row's visible keys only), where recorded.
     pub tflops: Option<f64>,
+    /// The run's dtype as its JSON spells it (`bfloat16`).
+    pub dtype: String,
+    /// At S1's shape (its query and its 500 items; results before the shape was recorded are).
+    pub s1_shape: bool,
 }
 
 /// One `bench load` run: the rate it sustained and its tail latency.
@@ -71,8 +76,19 @@ pub struct ServerStart {
     pub seconds: f64,
     /// Of which the warm-up, as its log says (absent where it did not).
     pub warm_up_seconds: Option<f64>,
+    /// Started with nothing cached: every kernel compiled, every matmul autotuned.
+    pub empty_caches: bool,
+}
+
+impl ServerStart {
     /// [`COLD_START_GOAL_S`] from empty caches, else [`CACHED_START_GOAL_S`].
-    pub goal_seconds: f64,
+    pub fn goal_seconds(&self) -> f64 {
+        if self.empty_caches {
+            COLD_START_GOAL_S
+        } else {
+            CACHED_START_GOAL_S
+        }
+    }
 }
 
 /// One fixture run: every case of one route against its float64 reference.
@@ -80,6 +96,8 @@ pub struct ServerStart {
 pub struct FixtureRun {
     /// Backend, dtype and routes, as `check_fixtures.py` names them.
     pub label: String,
+    /// The dtype as the result spells it (`bfloat16`).
+    pub dtype: String,
     pub passed: usize,
     pub cases: usize,
     /// The largest relative error against the reference, of the cases that ran.
@@ -159,7 +177,9 @@ impl Results {
                 // every file of a dtype) is drawn once.
                 let size = text("tile").split(',').next().unwrap_or_default().to_owned();
                 // A shape other than S1's items is named: its time is no S1 layer's.
-                let items = result["shape"]["items"].as_u64().filter(|&items| items != tally_engine::tile_tuning::s1::ITEMS as u64).map_or(String::new(), |items| format!(", {items} items"));
+                let other_items = result["shape"]["items"].as_u64().filter(|&items| items != s1::ITEMS as u64);
+                let items = other_items.map_or(String::new(), |items| format!(", {items} items"));
+                let s1_shape = other_items.is_none() && result["shape"]["prefix"].as_u64().is_none_or(|prefix| prefix == s1::QUERY_TOKENS as u64);
                 for (route, key) in [("kernel", "multi_item"), ("tiled", "tiled"), ("flash", "flash"), ("cascade", "cascade")] {
                     let Some(ms) = result[format!("{key}_ms")].as_f64() else { continue };
                     let tflops = result[format!("{key}_tflops")].as_f64();
@@ -167,7 +187,7 @@ impl Results {
                     let tile = if matches!(route, "tiled" | "flash") { format!(" {size}") } else { String::new() };
                     let label = format!("{route} {}{tile}{items}{}: {launched}", short_dtype(&text("dtype")), flushed(result));
                     if !self.attention.iter().any(|bar| bar.label == label) {
-                        self.attention.push(AttentionBar { label, ms, tflops });
+                        self.attention.push(AttentionBar { label, ms, tflops, dtype: text("dtype"), s1_shape });
                     }
                 }
             }
@@ -179,9 +199,8 @@ impl Results {
             Some("coldstart") => {
                 if let Some(seconds) = result["seconds_to_ready"].as_f64() {
                     let caches = text("caches");
-                    let goal_seconds = if caches == "empty" { COLD_START_GOAL_S } else { CACHED_START_GOAL_S };
                     let label = format!("{} {}, {}, {caches} caches", text("backend"), short_dtype(&text("dtype")), text("routes"));
-                    self.starts.push(ServerStart { label, seconds, warm_up_seconds: result["warm_up_seconds"].as_f64(), goal_seconds });
+                    self.starts.push(ServerStart { label, seconds, warm_up_seconds: result["warm_up_seconds"].as_f64(), empty_caches: caches == "empty" });
                 }
             }
             Some(name) if name.starts_with("PyTorch peers") => {
@@ -203,7 +222,7 @@ impl Results {
                 let routes = [text("backend"), short_dtype(&text("dtype")).to_owned(), text("attention"), text("matmul"), text("elementwise")];
                 let label = routes.iter().filter(|part| !part.is_empty()).cloned().collect::<Vec<_>>().join(" ");
                 let tolerance = result["tolerance"].as_f64().unwrap_or(f64::NAN);
-                self.fixtures.push(FixtureRun { label, passed, cases: cases.len(), worst_error, tolerance });
+                self.fixtures.push(FixtureRun { label, dtype: text("dtype"), passed, cases: cases.len(), worst_error, tolerance });
             }
             _ => {}
         }
@@ -321,10 +340,13 @@ mod tests {
         assert_eq!(scenarios, [("s1", 3), ("s2", 2)]);
         // A case that could not run counts against the passes, not in the worst error; a
         // per-item score's error counts as a packed one's does (case b's 0.05).
-        assert_eq!(results.fixtures, [FixtureRun { label: "cuda bf16 flash cublas burn".into(), passed: 1, cases: 3, worst_error: 0.05, tolerance: 0.03 }]);
+        assert_eq!(results.fixtures, [FixtureRun { label: "cuda bf16 flash cublas burn".into(), dtype: "bfloat16".into(), passed: 1, cases: 3, worst_error: 0.05, tolerance: 0.03 }]);
+        let s1_shape: Vec<bool> = results.attention.iter().map(|bar| bar.s1_shape).collect();
+        assert_eq!(s1_shape, [false, true, true, true], "the 10-item run is not at S1's shape");
         // From empty caches the cold goal, from kept ones the cached goal.
-        let start = |label: &str, seconds, warm_up_seconds, goal_seconds| ServerStart { label: label.into(), seconds, warm_up_seconds, goal_seconds };
-        assert_eq!(results.starts, [start("cuda bf16, defaults, empty caches", 15.0, Some(8.2), 60.0), start("cuda bf16, defaults, kept caches", 10.6, None, 10.0)]);
+        let start = |label: &str, seconds, warm_up_seconds, empty_caches| ServerStart { label: label.into(), seconds, warm_up_seconds, empty_caches };
+        assert_eq!(results.starts, [start("cuda bf16, defaults, empty caches", 15.0, Some(8.2), true), start("cuda bf16, defaults, kept caches", 10.6, None, false)]);
+        assert_eq!(results.starts.iter().map(ServerStart::goal_seconds).collect::<Vec<_>>(), [60.0, 10.0]);
     }
 
     #[test]

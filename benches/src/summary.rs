@@ -1,8 +1,8 @@
-//! A results folder as one markdown table: each scenario's runs best first, tally's against the
-//! best PyTorch peer measured in the same run; one layer's attention per route; each fixture run;
-//! `bench load`'s points; how long each `tally serve` timed took to be ready. `tally bench
-//! chart` prints it after the PNG, so it is the last thing the GPU suite prints — what a short
-//! GPU lease shows first.
+//! A results folder as one markdown table: the issues' goals met or not ([`crate::goals`]),
+//! then each scenario's runs best first, tally's against the best PyTorch peer measured in the
+//! same run; one layer's attention per route; each fixture run; `bench load`'s points; how long
+//! each `tally serve` timed took to be ready. `tally bench chart` prints it after the PNG, so it
+//! is the last thing the GPU suite prints — what a short GPU lease shows first.
 
 use std::fmt::Write;
 
@@ -13,6 +13,7 @@ pub fn table(results: &Results) -> String {
     let mut out = String::new();
     let device = results.device.as_deref().unwrap_or("device not recorded");
     let _ = writeln!(out, "## Summary — {device}\n");
+    out.push_str(&crate::goals::table(results));
     for (scenario, bars) in results.by_scenario() {
         let goal = SCENARIO_GOALS.iter().find(|(name, _)| *name == scenario).map(|(_, goal)| *goal);
         let best_peer = bars.iter().filter(|bar| bar.peer).map(|bar| bar.items_per_second).max_by(f64::total_cmp);
@@ -56,9 +57,9 @@ pub fn table(results: &Results) -> String {
     if !results.starts.is_empty() {
         let _ = writeln!(out, "| tally serve: backend, dtype, routes, caches | ready in s | of which warm-up | goal s |\n|---|---:|---:|---:|");
         for start in &results.starts {
-            let mark = if start.seconds <= start.goal_seconds { "" } else { " ✗" };
+            let mark = if start.seconds <= start.goal_seconds() { "" } else { " ✗" };
             let warm_up = start.warm_up_seconds.map_or("—".to_owned(), |seconds| format!("{seconds:.1}"));
-            let _ = writeln!(out, "| {} | {:.1}{mark} | {warm_up} | {:.0} |", start.label, start.seconds, start.goal_seconds);
+            let _ = writeln!(out, "| {} | {:.1}{mark} | {warm_up} | {:.0} |", start.label, start.seconds, start.goal_seconds());
         }
         out.push('\n');
     }
@@ -69,7 +70,7 @@ pub fn table(results: &Results) -> String {
 }
 
 /// 12345.6 → "12,346".
-fn thousands(value: f64) -> String {
+pub(crate) fn thousands(value: f64) -> String {
     let digits = format!("{:.0}", value.max(0.0));
     let mut grouped = String::new();
     for (i, digit) in digits.chars().enumerate() {
@@ -89,7 +90,7 @@ mod tests {
     #[test]
     fn every_kind_of_result_is_a_section_with_tally_against_the_best_peer() {
         let table = table(&Results::read(&suite_like("summary")).unwrap());
-        assert!(table.starts_with("## Summary — H100\n"), "{table}");
+        assert!(table.starts_with("## Summary — H100\n\n| goal (issue) | this run | |\n|---|---|---|\n| S1 ≥ 10,000 items/s (#26) | 849 (tally cuda bf16 kernel) | 0.08 of it |\n"), "{table}");
         // S1: best first; tally's 849 against the best peer's 2,410, the peer itself at 1.
         let s1 = [
             "| S1 run | items/s (goal 10,000) | × best PyTorch peer | a warm request: tokens prefilled, prefill passes, item passes |",
