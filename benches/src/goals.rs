@@ -1,6 +1,7 @@
 //! The issues' goals (#25, #26) held against a results folder: each goal the folder has a number
-//! for, the number and what it came from, and whether it is met or by how much it falls short —
-//! what a GPU session's note reports first. The goals the profile holds (the GEMMs' TFLOP/s,
+//! for, the best run's number and which run it was (the routes the suite measures fastest
+//! become the defaults), and whether it is met or by how much it falls short — what a GPU
+//! session's note reports first. The goals the profile holds (the GEMMs' TFLOP/s,
 //! everything but attention a request) are read off its own table (`profile_table.py`).
 
 use std::fmt::Write;
@@ -71,8 +72,8 @@ pub fn rows(results: &Results) -> Vec<GoalRow> {
         row(format!("{short} fixtures ≤ {goal:.0e} on every route (#25, #26)"), format!("{passed}/{cases} cases within, worst {worst:.1e}"), verdict);
     }
     for empty_caches in [true, false] {
-        let slowest = results.starts.iter().filter(|start| start.empty_caches == empty_caches).max_by(|a, b| a.seconds.total_cmp(&b.seconds));
-        if let Some(start) = slowest {
+        let fastest = results.starts.iter().filter(|start| start.empty_caches == empty_caches).min_by(|a, b| a.seconds.total_cmp(&b.seconds));
+        if let Some(start) = fastest {
             let kind = if empty_caches { "from empty caches" } else { "on cached kernels" };
             row(format!("tally serve ready {kind} ≤ {:.0} s (#25)", start.goal_seconds()), format!("{:.1} s ({})", start.seconds, start.label), verdict(start.seconds, start.goal_seconds(), false));
         }
@@ -125,6 +126,15 @@ mod tests {
     fn verdicts_read_each_way() {
         assert_eq!([verdict(10_000.0, 10_000.0, true), verdict(7_958.0, 10_000.0, true)], ["met", "0.80 of it"]);
         assert_eq!([verdict(0.9, 0.9, false), verdict(1.531, 0.9, false)], ["met", "1.7× over"]);
+    }
+
+    #[test]
+    fn a_start_goal_takes_the_fastest_start_of_its_kind() {
+        use crate::results::ServerStart;
+        let start = |routes: &str, seconds, empty_caches| ServerStart { label: routes.into(), seconds, warm_up_seconds: None, empty_caches };
+        let results = Results { starts: vec![start("earlier defaults", 17.3, false), start("flash", 9.5, false), start("flash", 15.0, true)], ..Results::default() };
+        let rows: Vec<(String, String)> = rows(&results).into_iter().map(|row| (row.measured, row.verdict)).collect();
+        assert_eq!(rows, [("15.0 s (flash)".to_owned(), "met".to_owned()), ("9.5 s (flash)".to_owned(), "met".to_owned())]);
     }
 
     #[test]
