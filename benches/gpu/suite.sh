@@ -201,7 +201,14 @@ fixtures_stage() {
     # model (each head size compiles its own kernels). Every candidate is checked elsewhere: the
     # attention stage against dense attention at S1's shape, kernels_f16 at its tiles' edges,
     # and each tuning against its first candidate's output.
-    local flags="${tile_flags[*]} --tile-tuning off"
+    local flags="${tile_flags[*]} --tile-tuning off" variant
+    # Where the canary failed the static default, the first variant that passed it: the fixtures
+    # check what the tunings now pick from, not a kernel already known wrong.
+    if canary_failed untuned && [ -n "$flash_variants" ]; then
+        variant=${flash_variants%% *}
+        flags="${tile_flags[*]} $(variant_flags $variant)"
+        echo "fixtures: the canary failed the default tile; checking ${variant%%=*} in its place"
+    fi
     # TALLY_SUITE_FIXTURE_DTYPES: the fixtures' own dtypes, so a run that times bf16 alone can
     # still check float32's 1e-3 (cheap beside the scenarios).
     for dtype in ${TALLY_SUITE_FIXTURE_DTYPES:-$gpu_dtypes}; do
