@@ -3,6 +3,7 @@
 #
 #   benches/gpu/prepare.sh             # here: builds the binaries into .gpu/, Vulkan loaders into .gl/
 #   benches/gpu/suite.sh               # there (device run, carry .gpu and .gl): results into $OUT
+#   benches/gpu/lease.sh 1, then 2     # there: the suite as one 15-minute lease runs it (two calls)
 #   TALLY_SUITE_DRY_RUN=1 benches/gpu/suite.sh   # here, on the CPU with the tiny preset
 #
 # Stages (TALLY_SUITE_STAGES, run in the order given; default all, the headline numbers first): env
