@@ -29,7 +29,6 @@ impl PrefixSplits {
     /// Most parts [`PrefixSplits::Auto`] cuts a prefix into: each adds its share of the rows'
     /// outputs to the merge.
     pub const MOST_PARTS: usize = 16;
-
 }
 
 /// `prefix whole`, `prefix split auto` or `prefix in N parts`, as the results spell it (a tile
