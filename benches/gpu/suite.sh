@@ -104,11 +104,13 @@ fi
 # 128 rows (1.790 without flushing), the default before them (`--kv-staging registers
 # --warp-rows 16 --flush-denormals false`, 1.634), and 16 rows a warp alone (`warp16`, 7,866
 # items/s against 7,958). TALLY_SUITE_FLASH_VARIANTS replaces the list; empty: none.
+# Read once: a line a candidate, its name then its flags.
+tuning_candidates=$("$cuda" bench tile-candidates --backend cuda)
 candidate_variants() {
     local name flags
-    "$cuda" bench tile-candidates --backend cuda | while read -r name flags; do
-        printf '%s=%s ' "$(variant_of "$name")" "${flags// /,}"
-    done
+    while read -r name flags; do
+        [ -z "$name" ] || printf '%s=%s ' "$(variant_of "$name")" "${flags// /,}"
+    done <<<"$tuning_candidates"
 }
 # The suite's name for a tuning candidate: the static default runs as `untuned`.
 variant_of() { [ "$1" = default ] && echo untuned || echo "$1"; }
@@ -137,8 +139,8 @@ leave_out_failed_tiles() {
     for variant in $all_flash_variants; do listed "${variant%%=*}" "$failed" || kept+="$variant "; done
     flash_variants=$kept
     while read -r name flags; do
-        listed "$(variant_of "$name")" "$failed" || passed+="${passed:+,}$name"
-    done < <("$cuda" bench tile-candidates --backend cuda)
+        [ -z "$name" ] || listed "$(variant_of "$name")" "$failed" || passed+="${passed:+,}$name"
+    done <<<"$tuning_candidates"
     [ -z "$passed" ] || tile_flags+=(--tile-candidates "$passed")
 }
 leave_out_failed_tiles
@@ -562,19 +564,20 @@ load_at() {
     local server=$!
     # The server listens once its warm-up (every pass shape compiled and tuned) is done: 4 s on
     # 2026-11-27's caches, 15 s cold on 2026-11-26; a server that exits or hangs costs 2 minutes.
-    for _ in $(seq 240); do curl -sf localhost:$port/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 0.5; done
-    if ! curl -sf localhost:$port/health >/dev/null; then
+    if ! wait_for_health $port $server 120; then
         echo "load: the server did not come up (serve$suffix.log)"; tail -3 "$out/serve$suffix.log"
         kill -KILL $server 2>/dev/null; wait $server
         return 1
     fi
+    local ready
+    ready=$(seconds_since $started)
     grep -h "warmed up in" "$out/serve$suffix.log"
     # A start on the caches the earlier runs left (kernels, autotuning, the flash tile kept), as a
     # deployment's restart on its cache volume: #25's cached start, timed at no cost. On a machine
     # started afresh for this call there are none (CubeCL's lie in the checkout's target/).
     local caches=empty
     [ -z "$(ls -A "$repo/target" 2>/dev/null | grep -v '^gpu-suite$')" ] || caches=kept
-    start_json coldstart-load-server$suffix "defaults${*:+ $*}" $caches $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $started }") "$out/serve$suffix.log"
+    start_json coldstart-load-server$suffix "defaults${*:+ $*}" $caches $ready "$out/serve$suffix.log"
     local before=$bin/load-warmed$suffix.metrics
     curl -sf localhost:$port/metrics >"$before"
     for qps in $rates; do
@@ -620,6 +623,20 @@ else:
 PY
 }
 
+# Whether the server SERVER on PORT answers /health within SECONDS (wait_for_health PORT SERVER
+# SECONDS; no longer than the server lives).
+wait_for_health() {
+    local port=$1 server=$2
+    for _ in $(seq $(($3 * 4))); do
+        curl -sf localhost:$port/health >/dev/null && return 0
+        kill -0 $server 2>/dev/null || break
+        sleep 0.25
+    done
+    curl -sf localhost:$port/health >/dev/null
+}
+# Seconds since START (a `date +%s.%N`), to a tenth.
+seconds_since() { awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $1 }"; }
+
 # A server start's result (NAME ROUTES CACHES SECONDS LOG): seconds to /health, and of them the
 # warm-up its log reports; the summary holds them to #25's goals (60 s cold, 10 s cached).
 start_json() {
@@ -647,9 +664,8 @@ coldstart_stage() {
         (cd $run && XDG_CACHE_HOME=$home exec "$cuda" serve --model $model --backend $gpu --dtype $load_dtype $(matmul_flags $matmul) $flags --port $port) \
             >"$out/$name.log" 2>&1 &
         server=$!
-        for _ in $(seq 4800); do curl -sf localhost:$port/health >/dev/null && break; kill -0 $server 2>/dev/null || break; sleep 0.25; done
-        ready=$(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $start }")
-        if curl -sf localhost:$port/health >/dev/null; then
+        if wait_for_health $port $server 1200; then
+            ready=$(seconds_since $start)
             echo "coldstart, $routes, $caches caches: ready in $ready s ($(grep -ho 'warmed up in [0-9.]* s' "$out/$name.log"))"
             start_json $name $routes $caches $ready "$out/$name.log"
         else
