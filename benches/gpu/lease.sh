@@ -4,8 +4,8 @@
 # second within the 30 s the machine stays warm.
 #
 #   benches/gpu/lease.sh 1   # env canary scenario attention peers profile fixtures chart, cut at 480 s
-#   benches/gpu/lease.sh 2   # ncu load kernels chart, adding to call 1's results, cut at 390 s;
-#                            # kernels first where call 1's canary failed a tile
+#   benches/gpu/lease.sh 2   # ncu load wgpu kernels chart, adding to call 1's results, cut at 390 s
+#                            # (wgpu within 90 s); kernels first where call 1's canary failed a tile
 #
 # The suite's variables set before it win over these (e.g. TALLY_SUITE_STAGES for a rerun of one
 # stage); TALLY_LEASE_SECONDS sets the cut, which must stay under the device run's timeout_s.
@@ -40,11 +40,13 @@ case ${1:-} in
         # and the load stage's port. `-x`: the process name, not a command line (`-f` would
         # match this script's own).
         pkill -x tally && sleep 1
-        stages="ncu load kernels chart"
+        # wgpu on the same GPU (#25), never yet measured on a lease: S1 first, within 90 s, before
+        # the kernel tests, which the canary and the fixtures stand in for where every tile passed.
+        stages="ncu load wgpu kernels chart"
         # Where call 1's canary failed a tile, the kernel tests say which shape and which step
         # go wrong: they come first.
-        [ -n "$(tr -d ' \n' <"${TALLY_SUITE_WORK:-/tmp/tally-suite}/results/canary-failed" 2>/dev/null)" ] && stages="kernels ncu load chart"
-        export TALLY_SUITE_KEEP=1 TALLY_SUITE_LOAD_EXTRAS=${TALLY_SUITE_LOAD_EXTRAS-no-overlap}
+        [ -n "$(tr -d ' \n' <"${TALLY_SUITE_WORK:-/tmp/tally-suite}/results/canary-failed" 2>/dev/null)" ] && stages="kernels ncu load wgpu chart"
+        export TALLY_SUITE_KEEP=1 TALLY_SUITE_LOAD_EXTRAS=${TALLY_SUITE_LOAD_EXTRAS-no-overlap} TALLY_SUITE_WGPU_SECONDS=${TALLY_SUITE_WGPU_SECONDS-90}
         export TALLY_SUITE_STAGES=${TALLY_SUITE_STAGES-$stages}
         exec timeout -k 10 "${TALLY_LEASE_SECONDS:-390}" benches/gpu/suite.sh
         ;;

@@ -23,6 +23,8 @@ pub struct Bar {
     pub scenario: String,
     pub label: String,
     pub items_per_second: f64,
+    /// What the run computed on: tally's backend (`cuda`, `wgpu`, `cpu`), `torch` for a peer.
+    pub backend: String,
     /// A PyTorch peer rather than tally.
     pub peer: bool,
     /// The most tokens a pass took (tally's runs record it).
@@ -168,7 +170,7 @@ impl Results {
                         (Some(prefill_tokens), Some(item_passes)) => Some(WarmRequest { prefill_tokens, prefill_passes: result["warm_prefill_passes_per_request"].as_f64(), item_passes }),
                         _ => None,
                     };
-                    self.bars.push(Bar { scenario: text("scenario"), label: label.trim_end().to_owned(), items_per_second: rate, peer: false, pass_tokens, tile, warm_request });
+                    self.bars.push(Bar { scenario: text("scenario"), label: label.trim_end().to_owned(), items_per_second: rate, backend: text("backend"), peer: false, pass_tokens, tile, warm_request });
                 }
             }
             Some("multi-item attention, one layer") => {
@@ -208,7 +210,7 @@ impl Results {
                 for (peer, timing) in peers {
                     if let Some(rate) = timing["items_per_second"].as_f64() {
                         let label = format!("PyTorch {} {}", peer.replace('_', " "), short_dtype(&text("dtype")));
-                        self.bars.push(Bar { scenario: text("scenario"), label, items_per_second: rate, peer: true, pass_tokens: None, tile: None, warm_request: None });
+                        self.bars.push(Bar { scenario: text("scenario"), label, items_per_second: rate, backend: "torch".into(), peer: true, pass_tokens: None, tile: None, warm_request: None });
                     }
                 }
             }
@@ -319,7 +321,7 @@ mod tests {
         assert_eq!(results.device.as_deref(), Some("H100"));
         let bar = |label: &str| results.bars.iter().find(|b| b.label == label).unwrap_or_else(|| panic!("no bar {label}: {:?}", results.bars)).clone();
         let warm_request = Some(WarmRequest { prefill_tokens: 20.0, prefill_passes: Some(0.0), item_passes: 1.0 });
-        assert_eq!(bar("tally cuda bf16 kernel"), Bar { scenario: "s1".into(), label: "tally cuda bf16 kernel".into(), items_per_second: 849.0, peer: false, pass_tokens: None, tile: None, warm_request });
+        assert_eq!(bar("tally cuda bf16 kernel"), Bar { scenario: "s1".into(), label: "tally cuda bf16 kernel".into(), items_per_second: 849.0, backend: "cuda".into(), peer: false, pass_tokens: None, tile: None, warm_request });
         // No warm request: the cold one stands in.
         assert_eq!(bar("tally cpu f32 cascade").items_per_second, 30.0);
         assert_eq!(bar("tally wgpu f32 kernel block").items_per_second, 40.0);
