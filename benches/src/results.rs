@@ -23,7 +23,7 @@ pub struct Bar {
     pub scenario: String,
     pub label: String,
     pub items_per_second: f64,
-    /// What the run computed on: tally's backend (`cuda`, `wgpu`, `cpu`), `torch` for a peer.
+    /// The backend tally ran on (`cuda`, `wgpu`, `cpu`); empty for a peer.
     pub backend: String,
     /// A PyTorch peer rather than tally.
     pub peer: bool,
@@ -210,7 +210,7 @@ impl Results {
                 for (peer, timing) in peers {
                     if let Some(rate) = timing["items_per_second"].as_f64() {
                         let label = format!("PyTorch {} {}", peer.replace('_', " "), short_dtype(&text("dtype")));
-                        self.bars.push(Bar { scenario: text("scenario"), label, items_per_second: rate, backend: "torch".into(), peer: true, pass_tokens: None, tile: None, warm_request: None });
+                        self.bars.push(Bar { scenario: text("scenario"), label, items_per_second: rate, backend: String::new(), peer: true, pass_tokens: None, tile: None, warm_request: None });
                     }
                 }
             }
