@@ -238,7 +238,12 @@ fn compile_all(toolkit: &Toolkit, kernels: Vec<CudaSource>, dump: Option<&Path>)
                 let (queue, scratch) = (&queue, scratch.join(format!("{worker}.ptx")));
                 scope.spawn(move || {
                     let mut done = Vec::new();
-                    while let Some((index, kernel)) = queue.lock().unwrap().next() {
+                    loop {
+                        // The next kernel, the queue's lock released before it compiles (in a
+                        // `while let`, the guard would live through the loop's body: until
+                        // session 52 the workers compiled one at a time).
+                        let next = queue.lock().unwrap().next();
+                        let Some((index, kernel)) = next else { break };
                         let start = std::time::Instant::now();
                         let ptx = toolkit.ptx(&kernel);
                         let nvrtc_seconds = start.elapsed().as_secs_f64();
