@@ -27,16 +27,33 @@ fn assert_logprobs_match_cpu(got: &[f32], expected: &[f32], what: &str) {
     }
 }
 
-fn check<B: ScoringBackend>(backend: &str, checked_routes: &[Routes]) {
-    for dir in fixture_models() {
+/// `checked_routes` on the models of [`EVERY_ROUTE_ON`], and those of them in `on_every_model`
+/// on every fixture model.
+fn check<B: ScoringBackend>(backend: &str, checked_routes: &[Routes], on_every_model: &[Routes]) {
+    let models = fixture_models();
+    for every_route in EVERY_ROUTE_ON {
+        assert!(models.iter().any(|dir| dir.ends_with(every_route)), "no fixture model {every_route}");
+    }
+    for dir in models {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let expected = label_logprobs::<NdArray<f32>>(&dir, Routes::PLAIN);
-        for &routes in checked_routes {
+        let every_route = EVERY_ROUTE_ON.contains(&name.as_str());
+        for &routes in checked_routes.iter().filter(|routes| every_route || on_every_model.contains(routes)) {
             assert_eq!(B::routes(routes), routes, "a CubeCL backend runs every route asked");
             assert_logprobs_match_cpu(&label_logprobs::<B>(&dir, routes), &expected, &format!("{name} on {backend}, {routes}"));
         }
     }
 }
+
+/// The fixture models every route runs on: their attention shapes and what feeds attention —
+/// head sizes 16, 12 and 24, two and four query heads a KV head, q/k norms, projection biases,
+/// scaled RoPE. The others (GGUF and float16/bfloat16 weights, tied or not, a wide vocabulary)
+/// differ before and after attention: they run the default routes, and through fusion the
+/// plain path too. Every route on every model took CI's lavapipe ~10 minutes (the unfused
+/// backend's 24 checks alone 494 s, 2026-12-07); each route's kernels are checked alone in the
+/// kernel tests at their sizes' edges, and the browser test runs the page's routes on every
+/// fixture case.
+const EVERY_ROUTE_ON: [&str; 4] = ["llama-scaled", "qwen2-bias", "tied-gqa", "untied-wide-heads"];
 
 #[cfg(not(feature = "cuda"))]
 mod runtime {
@@ -60,11 +77,11 @@ fn browser_routes() -> [Routes; 2] {
 }
 
 fn every_fixture_model_on_the_unfused_cube_backend_matches_the_cpu() {
-    check::<CubeBackend<runtime::Runtime, f32, i32, u32>>(&format!("{}, unfused", runtime::NAME), &browser_routes());
+    check::<CubeBackend<runtime::Runtime, f32, i32, u32>>(&format!("{}, unfused", runtime::NAME), &browser_routes(), &[Routes::default()]);
 }
 
 fn every_fixture_model_through_fusion_matches_the_cpu() {
-    check::<runtime::Fused>(&format!("{}, fusion", runtime::NAME), &whole_model_routes());
+    check::<runtime::Fused>(&format!("{}, fusion", runtime::NAME), &whole_model_routes(), &[Routes::default(), Routes::PLAIN]);
 }
 
 /// The engine's passes on the unfused backend, each issued before the one before it is read: the
@@ -103,8 +120,8 @@ fn passes_issued_ahead_of_their_reads_score_as_on_the_cpu() {
 fn every_fixture_model_on_cublas_matches_the_cpu() {
     let _cubecl_after = kernel_cases::CubeclAfter;
     tally_shaders::set_matmul_route(tally_shaders::MatmulRoute::Cublas);
-    check::<CubeBackend<runtime::Runtime, f32, i32, u32>>("cuda on cuBLASLt, unfused", &browser_routes());
-    check::<runtime::Fused>("cuda on cuBLASLt, fusion", &whole_model_routes());
+    check::<CubeBackend<runtime::Runtime, f32, i32, u32>>("cuda on cuBLASLt, unfused", &browser_routes(), &browser_routes());
+    check::<runtime::Fused>("cuda on cuBLASLt, fusion", &whole_model_routes(), &whole_model_routes());
 }
 
 fn main() {
