@@ -1,5 +1,5 @@
-//! `tally serve --backend wgpu` over real HTTP: float64 fixtures of four models through the CubeCL kernels
-//! (also on a flash tile the server timed and picked, and on one an earlier start picked), and
+//! `tally serve --backend wgpu` over real HTTP: four models' float64 fixtures through the CubeCL
+//! kernels (also on a flash tile the server timed and picked, and on one an earlier start picked), and
 //! every label scored up to the server's maximum. On wgpu's default adapter (lavapipe in CI),
 //! under the GPU tests' harness (`common/gpu.rs`): ignored, visibly, where there is none.
 

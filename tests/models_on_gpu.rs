@@ -49,8 +49,8 @@ fn check<B: ScoringBackend>(backend: &str, checked_routes: &[Routes], on_every_m
 /// head sizes 16, 12 and 24, two and four query heads a KV head, q/k norms, projection biases,
 /// scaled RoPE. The others (GGUF and float16/bfloat16 weights, tied or not, a wide vocabulary)
 /// differ before and after attention: they run the default routes, and through fusion the
-/// plain path too. Every route on every model took CI's lavapipe ~10 minutes (the unfused
-/// backend's 24 checks alone 494 s, 2026-12-07); each route's kernels are checked alone in the
+/// plain path too. Every route on every model was ~10 minutes of CI on lavapipe (the unfused
+/// backend's 24 checks 494 s beside the page's build, 2026-12-07); each route's kernels are checked alone in the
 /// kernel tests at their sizes' edges, and the browser test runs the page's routes on every
 /// fixture case.
 const EVERY_ROUTE_ON: [&str; 4] = ["llama-scaled", "qwen2-bias", "tied-gqa", "untied-wide-heads"];
